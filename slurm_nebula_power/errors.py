@@ -1,0 +1,59 @@
+"""One root exception and the named exit codes every program uses."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_NODES_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 3
+EXIT_INTERNAL = 4
+
+
+class PowerError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class UsageError(PowerError):
+    """Bad command line (including a malformed hostlist)."""
+
+    exit_code = EXIT_USAGE
+
+
+class HostlistError(UsageError):
+    """A hostlist expression or node name that cannot be accepted."""
+
+
+class ConfigError(PowerError):
+    """Configuration that cannot be used; the message names the file, the key and the fix."""
+
+    exit_code = EXIT_CONFIG
+
+
+class SlurmError(PowerError):
+    """scontrol failed or could not be run."""
+
+
+class CloudError(PowerError):
+    """OpenNebula refused or failed a call."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TransientCloudError(CloudError):
+    """Worth retrying: connection errors, timeouts, HTTP 5xx, INTERNAL, LOCKED."""
+
+
+class CloudAuthError(CloudError):
+    """Authentication or authorization failed: never retried."""
+
+
+class VmNotFound(CloudError):
+    """The VM or template does not exist."""
+
+
+class ActionRefused(CloudError):
+    """oned refused an action for the VM's current state."""
