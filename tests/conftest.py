@@ -1,0 +1,158 @@
+"""Session-wide test setup: a private network namespace, and fixtures for a real Slurm controller."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
+
+NETNS_ENV = "SLURM_NEBULA_POWER_TEST_NETNS"  # set once done (inherited by children); "off" disables it
+CLONE_NEWNET = 0x40000000
+IP_PATHS = ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip")
+
+
+@dataclass(frozen=True)
+class NetnsStatus:
+    """Whether this test session runs in a network namespace of its own, and if not, why."""
+
+    isolated: bool
+    detail: str
+
+
+def _enter_private_netns() -> NetnsStatus:
+    """Move this process into a new network namespace with only `lo` (127.0.0.1 and 127.0.0.2) up."""
+    marker = os.environ.get(NETNS_ENV)
+    if marker == "off":
+        return NetnsStatus(False, f"disabled by {NETNS_ENV}=off")
+    if marker:
+        # A child of a session that already made the namespace (pytester, xdist workers): inherited.
+        return NetnsStatus(marker == "isolated", f"inherited from the parent process ({marker})")
+    if os.geteuid() != 0:
+        return NetnsStatus(False, "not root: cannot create a network namespace")
+    ip = next((p for p in IP_PATHS if os.access(p, os.X_OK)), None)
+    if ip is None:
+        return NetnsStatus(False, "iproute2 is not installed (apt-get install iproute2): no `ip` command")
+    # A namespace belongs to a thread: unshare() before any thread exists, or other threads stay outside.
+    if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
+        return NetnsStatus(False, "other threads already run; unshare would isolate only the main one")
+    libc = ctypes.CDLL(None, use_errno=True)  # Python 3.11 has no os.unshare
+    if libc.unshare(CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        return NetnsStatus(False, f"unshare(CLONE_NEWNET) failed: {errno.errorcode.get(err, err)} "
+                                  f"{os.strerror(err)}")
+    # Slurm's getaddrinfo(AI_ADDRCONFIG) fails with only 127.0.0.1 in the namespace: add 127.0.0.2.
+    for argv in ([ip, "link", "set", "lo", "up"], [ip, "addr", "add", "127.0.0.2/8", "dev", "lo"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+        if proc.returncode != 0:
+            # We are already inside the namespace: without lo nothing works, so stop here.
+            raise pytest.UsageError(f"{' '.join(argv)} failed in the new network namespace: {proc.stderr}")
+    os.environ[NETNS_ENV] = "isolated"
+    return NetnsStatus(True, "private network namespace, only lo (127.0.0.1, 127.0.0.2)")
+
+
+_netns_key = pytest.StashKey[NetnsStatus]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Enter the private network namespace first thing, so no server or child can reach the network."""
+    status = _enter_private_netns()
+    config.stash[_netns_key] = status
+    if not status.isolated and os.environ.get(NETNS_ENV) is None:
+        os.environ[NETNS_ENV] = "not-isolated"
+        print(f"WARNING: tests run on the host's loopback, not isolated: {status.detail}", file=sys.stderr)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say in the session header whether the network is isolated."""
+    status = config.stash[_netns_key]
+    return f"network: {'isolated' if status.isolated else 'NOT isolated'} ({status.detail})"
+
+
+@pytest.fixture(scope="session")
+def netns(pytestconfig: pytest.Config) -> NetnsStatus:
+    """The session's network isolation status."""
+    return pytestconfig.stash[_netns_key]
+
+
+# ---- Slurm ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def slurm_binaries() -> dict[str, str]:
+    """Absolute paths of slurmctld, slurmd, scontrol, sbatch, ..., munged; skips the test when missing."""
+    try:
+        return find_binaries()
+    except SlurmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def slurm_factory(
+    request: pytest.FixtureRequest, slurm_binaries: dict[str, str]
+) -> Iterator[Callable[..., SlurmCluster]]:
+    """Start clusters: `make(nodes=[...], resume_program=..., suspend_time=...)`; all stopped after the test.
+
+    Each cluster lives in its own /tmp/snp-slurm-* directory (see make_base), removed when the test passed
+    and kept (path in the report) when it failed.
+    """
+    clusters: list[SlurmCluster] = []
+
+    def make(**kwargs: Any) -> SlurmCluster:
+        cluster = SlurmCluster(base=make_base(), binaries=slurm_binaries, **kwargs)
+        clusters.append(cluster)
+        cluster.start()
+        cluster.mark_logs()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+    if not getattr(request.node, "_slurm_failed", False):
+        for cluster in clusters:
+            shutil.rmtree(cluster.base, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Let log sections of module-scoped clusters start at this test."""
+    for cluster in list(SlurmCluster.live):
+        cluster.mark_logs()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach the logs of every running cluster (slurmctld, slurmd, munged, registered) to a failure."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.failed and report.when in ("setup", "call"):
+        item._slurm_failed = True  # type: ignore[attr-defined]  # keeps the cluster directories
+        for cluster in list(SlurmCluster.live):
+            for title, text in cluster.log_sections():
+                report.sections.append((f"log {cluster.base}/{title}", text))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `slurm`-marked tests with an install hint when the binaries are missing."""
+    try:
+        find_binaries()
+    except SlurmUnavailable as exc:
+        skip = pytest.mark.skip(reason=str(exc))
+        for item in items:
+            if "slurm" in item.keywords:
+                item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop clusters a test forgot to stop (module fixtures that crashed before teardown)."""
+    for cluster in list(SlurmCluster.live):
+        cluster.stop()
+
