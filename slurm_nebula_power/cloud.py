@@ -1,0 +1,310 @@
+"""The only module that imports pyone: OneCloud, error translation, real timeouts, retries."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import xmlrpc.client
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pyone
+import pyone.server_xrpc
+import requests
+import tenacity
+
+from .config import OneConfig
+from .errors import (
+    ActionRefused,
+    CloudAuthError,
+    CloudError,
+    TransientCloudError,
+    VmNotFound,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# oned's error codes (include/Request.h)
+AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION = 0x100, 0x200, 0x400, 0x800
+XML_RPC_API, INTERNAL, ALLOCATE, LOCKED = 0x1000, 0x2000, 0x4000, 0x8000
+
+# VM STATE and LCM_STATE numbers (include/VirtualMachine.h)
+STATE_NAMES = {0: "INIT", 1: "PENDING", 2: "HOLD", 3: "ACTIVE", 4: "STOPPED", 5: "SUSPENDED", 6: "DONE",
+               8: "POWEROFF", 9: "UNDEPLOYED", 10: "CLONING", 11: "CLONING_FAILURE"}
+PENDING, HOLD, ACTIVE, STOPPED, SUSPENDED, DONE = 1, 2, 3, 4, 5, 6
+POWEROFF, UNDEPLOYED, CLONING, CLONING_FAILURE = 8, 9, 10, 11
+RUNNING_LCM, UNKNOWN_LCM = 3, 16
+# pyone.LCM_STATE stops at 68; oned has BACKUP 69, BACKUP_POWEROFF 70, RESTORE 71.
+_EXTRA_LCM = {69: "BACKUP", 70: "BACKUP_POWEROFF", 71: "RESTORE"}
+FAILURE_LCM = frozenset(int(s.value) for s in pyone.LCM_STATE if s.name.endswith("FAILURE"))
+
+# Tags we put into every VM's USER_TEMPLATE: identity is NAME plus these.
+TAG_CLUSTER = "SLURM_CLUSTER"
+TAG_NODE = "SLURM_NODENAME"
+TAG_JOBS = "SLURM_JOB_IDS"
+TAG_MANAGER = "SLURM_NEBULA_POWER"
+
+
+def lcm_name(lcm: int) -> str:
+    """LCM_STATE number -> oned's name (pyone's enum misses the newest states)."""
+    if lcm in _EXTRA_LCM:
+        return _EXTRA_LCM[lcm]
+    try:
+        return str(pyone.LCM_STATE(lcm).name)
+    except ValueError:
+        return f"LCM_{lcm}"
+
+
+@dataclass(frozen=True)
+class Vm:
+    """What the programs need to know of one VM."""
+
+    id: int
+    name: str
+    state: int
+    lcm_state: int
+    ip: str | None = None
+    host: str | None = None
+    stime: int = 0
+    user_template: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def state_name(self) -> str:
+        """STATE in words, LCM_STATE too when ACTIVE (e.g. ACTIVE/BOOT_FAILURE)."""
+        name = STATE_NAMES.get(self.state, f"STATE_{self.state}")
+        return f"{name}/{lcm_name(self.lcm_state)}" if self.state == ACTIVE else name
+
+    @property
+    def failed(self) -> bool:
+        """In a failure state: it will not come up without help."""
+        return self.state == CLONING_FAILURE or (self.state == ACTIVE and self.lcm_state in FAILURE_LCM)
+
+    @property
+    def running(self) -> bool:
+        """ACTIVE and RUNNING."""
+        return self.state == ACTIVE and self.lcm_state == RUNNING_LCM
+
+    @property
+    def ready(self) -> bool:
+        """The guest reported READY=YES through OneGate."""
+        return str(self.user_template.get("READY", "")).upper() == "YES"
+
+    @property
+    def sched_message(self) -> str:
+        """oned's scheduler message (why a PENDING VM is not placed), if any."""
+        return str(self.user_template.get("SCHED_MESSAGE", ""))
+
+    def is_ours(self, cluster: str, node: str) -> bool:
+        """Identity: NAME is the node name AND our tags name this cluster and node."""
+        return (self.name == node and self.user_template.get(TAG_NODE) == node
+                and self.user_template.get(TAG_CLUSTER) == cluster)
+
+
+# ---- pyone with a real per-call timeout and oned's error code kept --------------------------------
+
+
+class _TimeoutTransport(pyone.server_xrpc.RequestsTransport):
+    """pyone's requests transport, but with a timeout (pyone's own timeout= is ignored by requests)."""
+
+    def __init__(self, timeout: float, https: bool, verify: bool) -> None:
+        super().__init__()
+        self.timeout = timeout
+        self.set_https(https)
+        self.set_https_verify(verify)
+        self.session = requests.Session()
+
+    def request(self, host: str, handler: str, request_body: bytes, verbose: bool = False) -> Any:
+        url = self._build_url(host, handler)
+        resp = self.session.post(url, data=request_body, headers=self.headers, verify=self.https_verify,
+                                 timeout=(self.timeout, self.timeout))
+        if resp.status_code >= 400:
+            raise xmlrpc.client.ProtocolError(url, resp.status_code, resp.reason, dict(resp.headers))
+        return self.parse_response(resp)
+
+
+class _Server(pyone.server_xrpc.OneServerXRPC):  # type: ignore[misc]
+    """pyone's XML-RPC server object; failures raise our errors with oned's code (pyone drops it)."""
+
+    def __init__(self, config: OneConfig) -> None:
+        super().__init__(config.endpoint, session=config.session)
+        # xmlrpc.client.ServerProxy keeps its transport in a private attribute; replace it with ours.
+        self._ServerProxy__transport = _TimeoutTransport(
+            config.timeout, config.endpoint.startswith("https"), config.https_verify)
+
+    def _do_request(self, method: str, params: Any) -> Any:
+        try:
+            raw = xmlrpc.client.ServerProxy._ServerProxy__request(self, method, params)
+        except xmlrpc.client.Fault as exc:
+            raise CloudError(f"[{method}] XML-RPC fault {exc.faultCode}: {exc.faultString}") from None
+        except xmlrpc.client.ProtocolError as exc:
+            error = TransientCloudError if exc.errcode >= 500 else CloudError
+            raise error(f"[{method}] HTTP {exc.errcode} {exc.errmsg}") from None
+        except requests.Timeout:
+            raise TransientCloudError(f"[{method}] no answer within the timeout") from None
+        except (requests.ConnectionError, ConnectionError) as exc:
+            raise TransientCloudError(f"[{method}] connection failed: {type(exc).__name__}") from None
+        except (xmlrpc.client.ResponseError, ValueError) as exc:
+            raise TransientCloudError(f"[{method}] unreadable answer: {exc}") from None
+        if not raw[0]:
+            raise _translate(str(raw[1]), int(raw[2]))
+        return raw
+
+
+def _translate(message: str, code: int) -> CloudError:
+    if code in (AUTHENTICATION, AUTHORIZATION):
+        return CloudAuthError(message, code)
+    if code == NO_EXISTS:
+        return VmNotFound(message, code)
+    if code == ACTION:
+        return ActionRefused(message, code)
+    if code in (INTERNAL, LOCKED):
+        return TransientCloudError(message, code)
+    return CloudError(message, code)
+
+
+# ---- the cloud ------------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, list) else value
+
+
+def vm_from_pyone(obj: Any) -> Vm:
+    """Build a Vm from a pyone VM object (full or short body)."""
+    template = obj.TEMPLATE if isinstance(obj.TEMPLATE, dict) else {}
+    user = obj.USER_TEMPLATE if isinstance(obj.USER_TEMPLATE, dict) else {}
+    nic = _first(template.get("NIC")) or {}
+    ip = _text(nic.get("IP")) if isinstance(nic, dict) else ""
+    host = None
+    records = getattr(obj, "HISTORY_RECORDS", None)
+    history = getattr(records, "HISTORY", None) if records is not None else None
+    if history:
+        host = _text(history[-1].HOSTNAME) or None
+    return Vm(
+        id=int(obj.ID), name=_text(obj.NAME), state=int(obj.STATE), lcm_state=int(obj.LCM_STATE),
+        ip=ip or None, host=host, stime=int(obj.STIME or 0),
+        user_template={str(k): _text(v) for k, v in user.items() if not isinstance(v, (dict, list))},
+    )
+
+
+@dataclass
+class CallStats:
+    """Counts kept for the run summary."""
+
+    calls: int = 0
+    retries: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, calls: int = 0, retries: int = 0) -> None:
+        with self.lock:
+            self.calls += calls
+            self.retries += retries
+
+
+class OneCloud:
+    """OpenNebula through pyone: one server object per thread, every call timed out and retried."""
+
+    def __init__(self, config: OneConfig, sleep: Callable[[float], None] = time.sleep,
+                 retry_seconds: float | None = None) -> None:
+        self.config = config
+        self.sleep = sleep
+        self.retry_seconds = config.retry_seconds if retry_seconds is None else retry_seconds
+        self.stats = CallStats()
+        self._local = threading.local()
+
+    def _server(self) -> _Server:
+        server: _Server | None = getattr(self._local, "server", None)
+        if server is None:
+            server = self._local.server = _Server(self.config)
+        return server
+
+    def call(self, what: str, fn: Callable[[_Server], T], retry: bool = True,
+             deadline: float | None = None) -> T:
+        """Run one API call, retrying transient failures with exponential backoff and jitter."""
+        budget = self.retry_seconds
+        if deadline is not None:
+            budget = max(0.0, min(budget, deadline - time.monotonic()))
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(TransientCloudError) if retry else tenacity.retry_never,
+            stop=tenacity.stop_after_delay(budget),
+            wait=tenacity.wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.5),
+            sleep=self.sleep,
+            reraise=True,
+            before_sleep=self._before_sleep(what),
+        )
+        for attempt in retrying:
+            with attempt:
+                self.stats.add(calls=1)
+                return fn(self._server())
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _before_sleep(self, what: str) -> Callable[[tenacity.RetryCallState], None]:
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            self.stats.add(retries=1)
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning("retrying %s after attempt %d: %s", what, state.attempt_number, exc)
+
+        return before_sleep
+
+    # -- queries --
+
+    def cluster_vms(self, cluster: str, deadline: float | None = None) -> list[Vm]:
+        """One pool query: every live VM (not DONE) carrying our cluster tag, full bodies."""
+        def query(server: _Server) -> Any:
+            return server.vmpool.infoextended(-2, -1, -1, -1, f"{TAG_CLUSTER}={cluster}")
+
+        pool = self.call("vmpool.infoextended", query, deadline=deadline)
+        return [vm_from_pyone(vm) for vm in (pool.VM or [])]
+
+    def vm(self, vm_id: int) -> Vm:
+        """Full information on one VM."""
+        return vm_from_pyone(self.call(f"vm.info {vm_id}", lambda s: s.vm.info(vm_id)))
+
+    def template_id(self, ref: str | int) -> int:
+        """A template's numeric id, from its id or its name (one templatepool query)."""
+        if isinstance(ref, int) or ref.isdigit():
+            return int(ref)
+        pool = self.call("templatepool.info", lambda s: s.templatepool.info(-2, -1, -1))
+        matches = [int(t.ID) for t in (pool.VMTEMPLATE or []) if t.NAME == ref]
+        if not matches:
+            raise VmNotFound(f"no VM template named {ref!r} is visible to user {self.config.user}", NO_EXISTS)
+        if len(matches) > 1:
+            raise CloudError(f"several VM templates are named {ref!r} (ids {matches}); use the numeric id")
+        return matches[0]
+
+    def template(self, template_id: int) -> dict[str, Any]:
+        """A template's TEMPLATE section as a dict."""
+        obj = self.call(f"template.info {template_id}", lambda s: s.template.info(template_id, False, False))
+        body = obj.TEMPLATE
+        return dict(body) if isinstance(body, dict) else {}
+
+    # -- actions --
+
+    def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True) -> int:
+        """Create a VM from a template with an extra template; returns the new VM id."""
+        return int(self.call(f"template.instantiate {name}",
+                             lambda s: s.template.instantiate(template_id, name, False, extra, False),
+                             retry=retry))
+
+    def action(self, action: str, vm_id: int) -> None:
+        """one.vm.action; an action refused for the VM's state raises ActionRefused (never retried)."""
+        self.call(f"vm.action {action} {vm_id}", lambda s: s.vm.action(action, vm_id))
+
+    def recover_delete(self, vm_id: int) -> None:
+        """one.vm.recover with op 3 (delete): drops a VM in any state and frees its host resources."""
+        self.call(f"vm.recover delete {vm_id}", lambda s: s.vm.recover(vm_id, 3))
+
+    def version(self) -> str:
+        """oned's version."""
+        return str(self.call("system.version", lambda s: s.system.version()))
+
+    def hosts(self) -> Any:
+        """The raw host pool (for status and check)."""
+        return self.call("hostpool.info", lambda s: s.hostpool.info())

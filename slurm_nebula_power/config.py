@@ -1,0 +1,383 @@
+"""TOML configuration -> frozen, validated dataclasses; every error names the file, the key and the fix."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import hostlists
+from .errors import ConfigError, HostlistError
+
+ENV_CONFIG = "SLURM_NEBULA_POWER_CONFIG"
+CONFIG_NAME = "nebula-power.toml"
+SYSTEM_CONFIG = Path("/etc/slurm") / CONFIG_NAME
+SUSPEND_ACTIONS = ("terminate", "undeploy", "poweroff")
+WAIT_FOR = ("running", "ready")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class OneConfig:
+    """How to reach OpenNebula."""
+
+    endpoint: str
+    auth_file: Path
+    session: str = field(repr=False)
+    timeout: float = 30.0
+    max_parallel: int = 32
+    retry_seconds: float = 60.0
+    https_verify: bool = True
+
+    @property
+    def user(self) -> str:
+        """The OpenNebula user name (never the secret)."""
+        return self.session.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """How to reach Slurm."""
+
+    cluster: str
+    scontrol: Path | None = None
+    slurm_conf: Path | None = None
+    prolog_chain: Path | None = None
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Where the programs log."""
+
+    file: Path | None = None
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class PowerConfig:
+    """Behaviour of the power-saving programs."""
+
+    detach: bool = False
+    lock_dir: Path = Path("/var/lib/slurm/nebula-power/locks")
+    suspend_timeout: float = 90.0
+    recreate_attempts: int = 1
+    poll_max: float = 2.0
+    reconcile_grace: float = 300.0
+
+
+@dataclass(frozen=True)
+class NodeSet:
+    """A group of nodes built from one VM template."""
+
+    nodes_expr: str
+    nodes: tuple[str, ...]
+    template: str | int
+    suspend_action: str = "terminate"
+    boot_timeout: float = 600.0
+    wait_for: str = "running"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration, loaded once."""
+
+    path: Path
+    opennebula: OneConfig
+    slurm: SlurmConfig
+    log: LogConfig
+    power: PowerConfig
+    nodesets: tuple[NodeSet, ...]
+
+    def nodeset_for(self, node: str) -> NodeSet | None:
+        """The node set a node belongs to, or None."""
+        for nodeset in self.nodesets:
+            if node in nodeset.nodes:
+                return nodeset
+        return None
+
+    @property
+    def all_nodes(self) -> list[str]:
+        """Every configured node, in node-set order."""
+        return [node for nodeset in self.nodesets for node in nodeset.nodes]
+
+
+# ---- locating the file ---------------------------------------------------------------------------
+
+
+def find_config(explicit: str | None, environ: Mapping[str, str]) -> Path:
+    """Locate the configuration: --config, $SLURM_NEBULA_POWER_CONFIG, beside $SLURM_CONF, /etc/slurm."""
+    if explicit:
+        return Path(explicit)
+    if environ.get(ENV_CONFIG):
+        return Path(environ[ENV_CONFIG])
+    if environ.get("SLURM_CONF"):
+        beside = Path(environ["SLURM_CONF"]).parent / CONFIG_NAME
+        if beside.exists():
+            return beside
+    if SYSTEM_CONFIG.exists():
+        return SYSTEM_CONFIG
+    raise ConfigError(
+        f"no configuration found: pass --config PATH, set {ENV_CONFIG}, or create {CONFIG_NAME} "
+        f"beside slurm.conf or at {SYSTEM_CONFIG} (see etc/nebula-power.toml)"
+    )
+
+
+# ---- schema ---------------------------------------------------------------------------------------
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its types, default and an optional extra check."""
+
+    types: tuple[type, ...]
+    default: Any = _REQUIRED
+    check: Callable[[Any], str | None] | None = None
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else "must be one of " + ", ".join(repr(c) for c in choices)
+
+    return check
+
+
+def _absolute(value: Any) -> str | None:
+    return None if os.path.isabs(value) else "must be an absolute path"
+
+
+def _http(value: Any) -> str | None:
+    if value.startswith(("http://", "https://")):
+        return None
+    return "must be an http:// or https:// XML-RPC URL such as http://frontend:2633/RPC2 (pyone's gRPC is unusable)"
+
+
+NUMBER = (int, float)
+SCHEMA: dict[str, dict[str, Key]] = {
+    "opennebula": {
+        "endpoint": Key((str,), check=_http),
+        "auth_file": Key((str,)),
+        "timeout": Key(NUMBER, 30.0, _positive),
+        "max_parallel": Key((int,), 32, _positive),
+        "retry_seconds": Key(NUMBER, 60.0, _positive),
+        "https_verify": Key((bool,), True),
+    },
+    "slurm": {
+        "cluster": Key((str,), None),
+        "scontrol": Key((str,), None, _absolute),
+        "slurm_conf": Key((str,), None),
+        "prolog_chain": Key((str,), None, _absolute),
+    },
+    "log": {
+        "file": Key((str,), None),
+        "level": Key((str,), "info", _one_of(LOG_LEVELS)),
+    },
+    "power": {
+        "detach": Key((bool,), False),
+        "lock_dir": Key((str,), str(PowerConfig.lock_dir)),
+        "suspend_timeout": Key(NUMBER, 90.0, _positive),
+        "recreate_attempts": Key((int,), 1),
+        "poll_max": Key(NUMBER, 2.0, _positive),
+        "reconcile_grace": Key(NUMBER, 300.0),
+    },
+    "nodeset": {
+        "nodes": Key((str,)),
+        "template": Key((str, int)),
+        "suspend_action": Key((str,), "terminate", _one_of(SUSPEND_ACTIONS)),
+        "boot_timeout": Key(NUMBER, 600.0, _positive),
+        "wait_for": Key((str,), "running", _one_of(WAIT_FOR)),
+    },
+}
+# Keys a node set may carry for `slurm-nebula-power template` and `slurm-conf`; validated by those commands.
+NODESET_OPTIONS: dict[str, Key] = {
+    "cpu": Key(NUMBER, None, _positive),
+    "vcpu": Key((int,), None, _positive),
+    "memory_mb": Key((int,), None, _positive),
+    "gpus": Key((int,), None),
+    "gpu_vendor": Key((str,), None),
+    "gpu_class": Key((str,), None),
+    "gpu_device": Key((str,), None),
+    "gpu_profile": Key((str,), None),
+    "gpu_type": Key((str,), None),
+    "ib_vendor": Key((str,), None),
+    "ib_device": Key((str,), None),
+    "network": Key((str,), None),
+    "image": Key((str,), None),
+    "features": Key((str,), None),
+    "partition": Key((str,), None),
+    "controller": Key((str,), None),
+    "munge_key_file": Key((str,), None),
+}
+
+
+class _Reader:
+    """Validates one table against its schema, naming file and key in every error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {key}: {problem}")
+
+    def table(self, data: Any, name: str, schema: Mapping[str, Key], extra: Mapping[str, Key] = {}) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self.fail(name, "must be a table")
+        out: dict[str, Any] = {}
+        known = {**schema, **extra}
+        for key in data:
+            if key not in known:
+                raise self.fail(f"{name}.{key}", "unknown key; remove it or check its spelling (known: "
+                                + ", ".join(sorted(known)) + ")")
+        for key, spec in known.items():
+            dotted = f"{name}.{key}"
+            if key not in data:
+                if spec.default is _REQUIRED:
+                    raise self.fail(dotted, "missing; add it (see etc/nebula-power.toml)")
+                out[key] = spec.default
+                continue
+            value = data[key]
+            # bool is an int subclass in Python; TOML keeps them apart, so do we.
+            if isinstance(value, bool) and bool not in spec.types or not isinstance(value, spec.types):
+                wanted = " or ".join("number" if t is float else t.__name__ for t in spec.types)
+                raise self.fail(dotted, f"must be a {wanted}, not {type(value).__name__} {value!r}")
+            problem = spec.check(value) if spec.check else None
+            if problem:
+                raise self.fail(dotted, f"{problem} (got {value!r})")
+            out[key] = float(value) if float in spec.types and not isinstance(value, str) else value
+        return out
+
+
+def _relative_to(base: Path, value: str) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else base / path
+
+
+def read_session(path: Path, config_path: Path) -> str:
+    """Read the one-line OpenNebula credentials file, refusing one readable by group or others."""
+    key = f"{config_path}: opennebula.auth_file"
+    try:
+        info = path.stat()
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}; create it with one line user:password "
+                          "readable by SlurmUser") from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"{key}: {path} is accessible by group or others (mode "
+                          f"{stat.S_IMODE(info.st_mode):04o}); run: chmod 600 {path}")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 1 or ":" not in lines[0] or lines[0].startswith(":") or lines[0].endswith(":"):
+        raise ConfigError(f"{key}: {path} must hold exactly one line user:password or user:token")
+    return lines[0]
+
+
+def cluster_from_slurm_conf(path: Path) -> str | None:
+    """ClusterName from slurm.conf, or None when the file or key is missing."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        name, sep, value = line.partition("=")
+        if sep and name.strip().lower() == "clustername" and value.strip():
+            return value.strip()
+    return None
+
+
+def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Load and validate a configuration file."""
+    env = os.environ if environ is None else environ
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such configuration file; create it from etc/nebula-power.toml") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}; make it readable by SlurmUser") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}; fix the syntax") from None
+    reader = _Reader(path)
+    base = path.parent
+    for section in data:
+        if section not in SCHEMA:
+            raise reader.fail(section, "unknown section; known: " + ", ".join(f"[{s}]" for s in SCHEMA))
+    for required in ("opennebula", "nodeset"):
+        if required not in data:
+            raise reader.fail(f"[{required}]", "missing section; add it (see etc/nebula-power.toml)")
+    one = reader.table(data["opennebula"], "opennebula", SCHEMA["opennebula"])
+    auth_file = _relative_to(base, one.pop("auth_file"))
+    opennebula = OneConfig(auth_file=auth_file, session=read_session(auth_file, path), **one)
+
+    slurm = reader.table(data.get("slurm", {}), "slurm", SCHEMA["slurm"])
+    slurm_conf = _relative_to(base, slurm["slurm_conf"]) if slurm["slurm_conf"] else (
+        Path(env["SLURM_CONF"]) if env.get("SLURM_CONF") else Path("/etc/slurm/slurm.conf"))
+    cluster = slurm["cluster"] or cluster_from_slurm_conf(slurm_conf)
+    if not cluster:
+        raise reader.fail("slurm.cluster", f"not set and no ClusterName in {slurm_conf}; set cluster = "
+                          "\"<ClusterName from slurm.conf>\"")
+    try:
+        hostlists.validate_name(cluster)
+    except HostlistError:
+        raise reader.fail("slurm.cluster", f"{cluster!r} is not a plain name (letters, digits, . _ -)") from None
+
+    log = reader.table(data.get("log", {}), "log", SCHEMA["log"])
+    power = reader.table(data.get("power", {}), "power", SCHEMA["power"])
+    power["lock_dir"] = _relative_to(base, power["lock_dir"])
+
+    raw_sets = data["nodeset"]
+    if not isinstance(raw_sets, list) or not raw_sets:
+        raise reader.fail("nodeset", "add at least one [[nodeset]] table with nodes and template")
+    nodesets = tuple(_nodeset(reader, index, raw) for index, raw in enumerate(raw_sets))
+    seen: dict[str, str] = {}
+    for nodeset in nodesets:
+        for node in nodeset.nodes:
+            if node in seen:
+                raise reader.fail("nodeset.nodes", f"node {node} is in both {seen[node]!r} and "
+                                  f"{nodeset.nodes_expr!r}; node sets must not overlap")
+            seen[node] = nodeset.nodes_expr
+
+    return Config(
+        path=path,
+        opennebula=opennebula,
+        slurm=SlurmConfig(
+            cluster=cluster,
+            scontrol=Path(slurm["scontrol"]) if slurm["scontrol"] else None,
+            slurm_conf=slurm_conf,
+            prolog_chain=Path(slurm["prolog_chain"]) if slurm["prolog_chain"] else None,
+        ),
+        log=LogConfig(file=_relative_to(base, log["file"]) if log["file"] else None, level=log["level"]),
+        power=PowerConfig(**power),
+        nodesets=nodesets,
+    )
+
+
+def _nodeset(reader: _Reader, index: int, raw: Any) -> NodeSet:
+    name = f"nodeset[{index}]"
+    values = reader.table(raw, name, SCHEMA["nodeset"], NODESET_OPTIONS)
+    try:
+        nodes = tuple(hostlists.expand(values["nodes"]))
+    except HostlistError as exc:
+        raise reader.fail(f"{name}.nodes", f"{exc}") from None
+    template = values["template"]
+    if isinstance(template, str) and not template.strip():
+        raise reader.fail(f"{name}.template", "empty; give the VM template's name or numeric id")
+    options = {k: v for k, v in values.items() if k in NODESET_OPTIONS and v is not None}
+    return NodeSet(
+        nodes_expr=values["nodes"],
+        nodes=nodes,
+        template=template,
+        suspend_action=values["suspend_action"],
+        boot_timeout=values["boot_timeout"],
+        wait_for=values["wait_for"],
+        options=options,
+    )

@@ -1,0 +1,547 @@
+"""Resume, suspend and resume-fail: planning and orchestration over a Cloud and a Slurm (no direct I/O)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from xml.sax.saxutils import escape
+
+from . import __version__
+from .cloud import (
+    ACTIVE,
+    CLONING,
+    DONE,
+    HOLD,
+    PENDING,
+    POWEROFF,
+    STOPPED,
+    SUSPENDED,
+    TAG_CLUSTER,
+    TAG_JOBS,
+    TAG_MANAGER,
+    TAG_NODE,
+    UNDEPLOYED,
+    UNKNOWN_LCM,
+    Vm,
+)
+from .config import Config, NodeSet
+from .errors import ActionRefused, CloudError, PowerError, SlurmError
+from .hostlists import fold
+from .slurm import SlurmControl
+
+log = logging.getLogger(__name__)
+
+
+class Cloud(Protocol):
+    """What power.py needs of OpenNebula (cloud.OneCloud, or a fake in tests)."""
+
+    def cluster_vms(self, cluster: str, deadline: float | None = None) -> list[Vm]: ...
+    def template_id(self, ref: str | int) -> int: ...
+    def template(self, template_id: int) -> dict[str, Any]: ...
+    def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True) -> int: ...
+    def action(self, action: str, vm_id: int) -> None: ...
+    def recover_delete(self, vm_id: int) -> None: ...
+
+
+@dataclass
+class Outcome:
+    """Partial success as a value: nodes done, nodes failed grouped by reason."""
+
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def fail(self, node: str, reason: str) -> None:
+        """Record a failed node with its reason."""
+        self.failed[reason].append(node)
+
+    @property
+    def failed_nodes(self) -> list[str]:
+        """Every failed node."""
+        return sorted(node for nodes in self.failed.values() for node in nodes)
+
+    def describe(self) -> str:
+        """One line: counts and the failures by reason."""
+        text = f"{len(self.done)} done, {len(self.failed_nodes)} failed"
+        if self.failed:
+            text += " (" + "; ".join(f"{reason}: {fold(nodes)}" for reason, nodes in self.failed.items()) + ")"
+        return text
+
+
+@dataclass
+class Context:
+    """Everything an operation needs, handed in (tests pass fakes and fake clocks)."""
+
+    config: Config
+    cloud: Cloud
+    slurm: SlurmControl
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    on_vm: Callable[[str, Vm], None] | None = None  # progress observer (the demo)
+    poll_first: float = 0.25
+    removing: set[int] = field(default_factory=set)  # VM ids already being removed in this run
+
+    @property
+    def cluster(self) -> str:
+        """Our cluster name, the first half of every VM's identity."""
+        return self.config.slurm.cluster
+
+
+def ours_by_node(vms: Iterable[Vm], cluster: str, nodes: Iterable[str]) -> dict[str, list[Vm]]:
+    """Our live VMs for these nodes (identity: name and tags), by node."""
+    wanted = set(nodes)
+    found: dict[str, list[Vm]] = defaultdict(list)
+    for vm in vms:
+        if vm.name in wanted and vm.state != DONE and vm.is_ours(cluster, vm.name):
+            found[vm.name].append(vm)
+    return found
+
+
+# ---- planning -------------------------------------------------------------------------------------
+
+OFF_STATES = (POWEROFF, UNDEPLOYED, STOPPED, SUSPENDED)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What resume does for one node."""
+
+    action: str  # instantiate | resume | release | recreate | wait
+    vm: Vm | None = None
+    extra: tuple[Vm, ...] = ()  # duplicate VMs of ours for the node, to terminate
+
+
+def _rank(vm: Vm) -> int:
+    if vm.failed:
+        return 0
+    if vm.state in OFF_STATES:
+        return 1
+    if vm.state in (PENDING, HOLD):
+        return 2
+    return 4 if vm.running else 3
+
+
+def plan_resume(vms: Sequence[Vm]) -> Plan:
+    """Decide the resume action for one node from its VMs of ours."""
+    if not vms:
+        return Plan("instantiate")
+    ordered = sorted(vms, key=lambda vm: (_rank(vm), vm.id), reverse=True)
+    keep, extra = ordered[0], tuple(ordered[1:])
+    if keep.failed:
+        action = "recreate"
+    elif keep.state in OFF_STATES or (keep.state == ACTIVE and keep.lcm_state == UNKNOWN_LCM):
+        action = "resume"
+    elif keep.state == HOLD:
+        action = "release"
+    else:
+        action = "wait"
+    return Plan(action, keep, extra)
+
+
+def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mapping[str, Any]) -> str:
+    """The extra template given at instantiate, in oned's XML form (values escaped, CDATA-free).
+
+    oned's instantiate replaces a template attribute given again in the extra template, so CONTEXT
+    is sent whole: the template's own CONTEXT plus SET_HOSTNAME and SLURM_NODENAME.
+    """
+    def element(key: str, value: object) -> str:
+        return f"<{key}>{escape(str(value))}</{key}>"
+
+    merged = {str(k): v for k, v in context.items() if not isinstance(v, (dict, list))}
+    merged.update({"SET_HOSTNAME": node, TAG_NODE: node})
+    parts = [element(TAG_CLUSTER, cluster), element(TAG_NODE, node), element(TAG_MANAGER, __version__)]
+    if jobs:
+        parts.append(element(TAG_JOBS, ",".join(str(j) for j in sorted(set(jobs)))))
+    parts.append("<CONTEXT>" + "".join(element(k, v) for k, v in merged.items()) + "</CONTEXT>")
+    return "<TEMPLATE>" + "".join(parts) + "</TEMPLATE>"
+
+
+# ---- removing a VM (used by every operation) ------------------------------------------------------
+
+
+def remove_vm(cloud: Cloud, vm: Vm) -> str:
+    """Terminate a VM of ours now, whatever its state; returns the action used."""
+    quick = vm.failed or vm.state in (PENDING, HOLD, CLONING) or vm.state in OFF_STATES
+    action = "terminate" if quick else "terminate-hard"
+    try:
+        cloud.action(action, vm.id)
+        return action
+    except ActionRefused:
+        # A VM stuck in a transitional state (BOOT, PROLOG...) refuses terminate; recover --delete
+        # is oned's way to drop it and free its host resources, GPU included.
+        cloud.recover_delete(vm.id)
+        return "recover-delete"
+
+
+def _timed(what: str, node: str, vm_id: int | None, fn: Callable[[], Any]) -> Any:
+    start = time.monotonic()
+    try:
+        result = fn()
+    except Exception as exc:
+        log.info("node=%s vm=%s action=%s result=error seconds=%.2f error=%s", node, vm_id, what,
+                 time.monotonic() - start, exc)
+        raise
+    log.info("node=%s vm=%s action=%s result=ok seconds=%.2f", node, result if vm_id is None else vm_id,
+             what, time.monotonic() - start)
+    return result
+
+
+# ---- resume ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Boot:
+    node: str
+    nodeset: NodeSet
+    deadline: float
+    vm_id: int | None = None
+    future: Future[int] | None = None
+    attempts: int = 0
+    addr: str | None = None
+    seen: str = ""
+
+
+def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]) -> Outcome:
+    """Bring nodes up: plan from one pool query, act in parallel, watch, hand back what cannot start."""
+    outcome = Outcome()
+    config = ctx.config
+    boots: list[_Boot] = []
+    start = ctx.clock()
+    refused = [node for node in nodes if config.nodeset_for(node) is None]
+    for node in refused:
+        log.error("node %s is in no [[nodeset]] of %s: refused", node, config.path)
+    if refused:
+        _hand_back(ctx, outcome, refused, f"not in any nodeset of {config.path.name}")
+    for node in nodes:
+        nodeset = config.nodeset_for(node)
+        if nodeset is not None:
+            boots.append(_Boot(node, nodeset, start + nodeset.boot_timeout))
+    if not boots:
+        return outcome
+    try:
+        _resume(ctx, boots, jobs, outcome)
+    except BaseException:
+        # Fail safe: whatever went wrong, nobody waits for ResumeTimeout.
+        left = [b.node for b in boots if b.node not in outcome.done and b.node not in outcome.failed_nodes]
+        log.exception("internal error during resume; handing back %s", fold(left) if left else "nothing")
+        if left:
+            _hand_back(ctx, outcome, left, "internal error in resume, see nebula-power log")
+        raise
+    return outcome
+
+
+def _resume(ctx: Context, boots: list[_Boot], jobs: Mapping[str, Sequence[int]], outcome: Outcome) -> None:
+    templates: dict[int, tuple[int, dict[str, Any]]] = {}
+    for nodeset in {id(b.nodeset): b.nodeset for b in boots}.values():
+        try:
+            tid = ctx.cloud.template_id(nodeset.template)
+            context = ctx.cloud.template(tid).get("CONTEXT") or {}
+            templates[id(nodeset)] = (tid, context if isinstance(context, dict) else {})
+        except CloudError as exc:
+            log.error("node set %s: template %r: %s", nodeset.nodes_expr, nodeset.template, exc)
+            bad = [b for b in boots if b.nodeset is nodeset]
+            _hand_back(ctx, outcome, [b.node for b in bad], f"template {nodeset.template}: {_short(exc)}")
+            boots[:] = [b for b in boots if b.nodeset is not nodeset]
+    if not boots:
+        return
+    try:
+        vms = ctx.cloud.cluster_vms(ctx.cluster)
+    except CloudError as exc:
+        _hand_back(ctx, outcome, [b.node for b in boots], f"OpenNebula: {_short(exc)}")
+        return
+    ours = ours_by_node(vms, ctx.cluster, (b.node for b in boots))
+    pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
+    try:
+        for boot in boots:
+            plan = plan_resume(ours.get(boot.node, []))
+            tid, context = templates[id(boot.nodeset)]
+            log.info("node=%s plan=%s vm=%s", boot.node, plan.action, plan.vm.id if plan.vm else None)
+            boot.future = pool.submit(_start_boot, ctx, boot, plan, tid,
+                                      extra_template(ctx.cluster, boot.node, jobs.get(boot.node, ()), context))
+        _watch_boots(ctx, pool, boots, templates, jobs, outcome)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_boot(ctx: Context, boot: _Boot, plan: Plan, tid: int, extra: str) -> int:
+    for duplicate in plan.extra:
+        ctx.removing.add(duplicate.id)
+        _timed(remove_vm.__name__, boot.node, duplicate.id, lambda d=duplicate: remove_vm(ctx.cloud, d))
+    if plan.action in ("resume", "release") and plan.vm is not None:
+        vm_id = plan.vm.id
+        _timed(plan.action, boot.node, vm_id, lambda: ctx.cloud.action(plan.action, vm_id))
+        return vm_id
+    if plan.action == "wait" and plan.vm is not None:
+        return plan.vm.id
+    if plan.action == "recreate" and plan.vm is not None:
+        old = plan.vm
+        log.warning("node=%s vm=%d is %s: recreating it", boot.node, old.id, old.state_name)
+        _timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
+    result: int = _timed("instantiate", boot.node, None,
+                         lambda: ctx.cloud.instantiate(tid, boot.node, extra))
+    return result
+
+
+def _watch_boots(ctx: Context, pool: ThreadPoolExecutor, boots: list[_Boot],
+                 templates: Mapping[int, tuple[int, dict[str, Any]]],
+                 jobs: Mapping[str, Sequence[int]], outcome: Outcome) -> None:
+    active = list(boots)
+    interval = ctx.poll_first
+    while active:
+        ctx.sleep(interval)
+        interval = min(interval * 1.5, ctx.config.power.poll_max)
+        now = ctx.clock()
+        failures: dict[str, list[_Boot]] = defaultdict(list)
+        for boot in active:
+            future = boot.future
+            if future is not None and future.done():
+                boot.future = None
+                try:
+                    boot.vm_id = future.result()
+                except CloudError as exc:
+                    failures[f"OpenNebula: {_short(exc)}"].append(boot)
+            elif future is not None and now >= boot.deadline + ctx.config.opennebula.timeout:
+                failures["OpenNebula did not answer in time"].append(boot)
+        known = [b for b in active if b.vm_id is not None and b.future is None and b not in _flat(failures)]
+        snapshot: dict[int, Vm] = {}
+        if known:
+            try:
+                vms = ctx.cloud.cluster_vms(ctx.cluster)
+            except CloudError as exc:
+                log.warning("pool query failed: %s", exc)
+                for boot in known:
+                    if now >= boot.deadline:
+                        failures[f"OpenNebula: {_short(exc)}"].append(boot)
+                known = []
+            else:
+                snapshot = {vm.id: vm for vm in vms}
+                _remove_duplicates(ctx, pool, known, ours_by_node(vms, ctx.cluster, (b.node for b in known)))
+        addresses: dict[str, str] = {}
+        for boot in known:
+            vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
+            if vm is not None and vm.ip and vm.ip != boot.addr:
+                addresses[boot.node] = boot.addr = vm.ip
+            verdict = _judge(ctx, boot, vm, now)
+            if verdict == "done":
+                outcome.done.append(boot.node)
+            elif verdict == "recreate":
+                boot.attempts += 1
+                tid, context = templates[id(boot.nodeset)]
+                boot.vm_id, boot.addr = None, None
+                boot.future = pool.submit(_start_boot, ctx, boot, Plan("recreate", vm), tid, extra_template(
+                    ctx.cluster, boot.node, jobs.get(boot.node, ()), context))
+            elif verdict:
+                failures[verdict].append(boot)
+        if addresses:
+            try:
+                ctx.slurm.set_addresses(addresses)
+            except SlurmError as exc:
+                log.error("could not set node addresses: %s", exc)
+        for reason, failed in failures.items():
+            _give_up(ctx, pool, failed, snapshot, reason, outcome)
+        settled = set(outcome.done) | {b.node for b in _flat(failures)}
+        active = [b for b in active if b.node not in settled]
+
+
+def _flat(failures: Mapping[str, list[_Boot]]) -> list[_Boot]:
+    return [boot for boots in failures.values() for boot in boots]
+
+
+def _remove_duplicates(ctx: Context, pool: ThreadPoolExecutor, known: Sequence[_Boot],
+                       ours: Mapping[str, list[Vm]]) -> None:
+    """A retried instantiate whose first answer was lost leaves a second VM of ours: remove it."""
+    for boot in known:
+        for vm in ours.get(boot.node, []):
+            if vm.id != boot.vm_id and vm.id not in ctx.removing:
+                ctx.removing.add(vm.id)
+                log.warning("node=%s vm=%d duplicates vm=%s: removing it", boot.node, vm.id, boot.vm_id)
+                pool.submit(_timed, "remove", boot.node, vm.id, lambda v=vm: remove_vm(ctx.cloud, v))
+
+
+def _judge(ctx: Context, boot: _Boot, vm: Vm | None, now: float) -> str:
+    """'' keep waiting, 'done', 'recreate', or a failure reason."""
+    if vm is not None and ctx.on_vm is not None:
+        ctx.on_vm(boot.node, vm)
+    if vm is None:
+        return _retry_or(ctx, boot, now, "VM vanished while booting")
+    if vm.state_name != boot.seen:
+        log.info("node=%s vm=%d state=%s ip=%s", boot.node, vm.id, vm.state_name, vm.ip)
+        boot.seen = vm.state_name
+    if vm.failed:
+        return _retry_or(ctx, boot, now, f"VM failed to boot ({vm.state_name})")
+    if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
+        return "done"
+    if now < boot.deadline:
+        return ""
+    if vm.state == PENDING and vm.sched_message:
+        return "no host with a free GPU (VM PENDING past boot_timeout)"
+    return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"
+
+
+def _retry_or(ctx: Context, boot: _Boot, now: float, reason: str) -> str:
+    if boot.attempts < ctx.config.power.recreate_attempts and now < boot.deadline:
+        return "recreate"
+    return reason
+
+
+def _give_up(ctx: Context, pool: ThreadPoolExecutor, failed: list[_Boot], snapshot: Mapping[int, Vm],
+             reason: str, outcome: Outcome) -> None:
+    """Terminate the VMs of nodes that cannot start (no GPU stays held), then hand the nodes back."""
+    removals = []
+    for boot in failed:
+        vm = snapshot.get(boot.vm_id) if boot.vm_id is not None else None
+        log.error("node=%s vm=%s failed: %s", boot.node, boot.vm_id, reason)
+        if vm is not None:
+            removals.append(pool.submit(_timed, "remove", boot.node, vm.id, lambda v=vm: remove_vm(ctx.cloud, v)))
+    for removal in removals:
+        try:
+            removal.result()
+        except PowerError as exc:
+            log.error("could not remove a failed VM: %s", exc)
+    _hand_back(ctx, outcome, [b.node for b in failed], reason)
+
+
+def _hand_back(ctx: Context, outcome: Outcome, nodes: Sequence[str], reason: str) -> None:
+    for node in nodes:
+        outcome.fail(node, reason)
+    try:
+        ctx.slurm.hand_back(list(nodes), reason)
+        log.warning("handed %s back to Slurm: %s", fold(nodes), reason)
+    except SlurmError as exc:
+        log.error("could not hand %s back to Slurm (%s): %s", fold(nodes), reason, exc)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:150]
+
+
+# ---- suspend and resume-fail ----------------------------------------------------------------------
+
+# The state a suspend action leaves a VM in, and the states that already satisfy it.
+SATISFIED = {"terminate": (DONE,), "undeploy": (UNDEPLOYED, STOPPED),
+             "poweroff": (POWEROFF, UNDEPLOYED, STOPPED, SUSPENDED)}
+ACTS_FROM = {"terminate": (POWEROFF, UNDEPLOYED, STOPPED, SUSPENDED), "undeploy": (POWEROFF,), "poweroff": ()}
+
+
+@dataclass
+class _Down:
+    node: str
+    vm: Vm
+    action: str
+    issued: str | None = None
+
+
+def next_down_action(action: str, vm: Vm, escalate: bool) -> str | None:
+    """The oned action that moves vm toward the suspend action's end state now, or None to wait."""
+    never_ran = vm.state == PENDING and vm.host is None
+    if vm.failed or vm.state in (HOLD, CLONING) or never_ran or (action == "terminate" and vm.state == PENDING):
+        # Never ran (or cannot run): nothing to keep, and oned frees it at once.
+        return "terminate"
+    if vm.state in ACTS_FROM[action]:
+        return action
+    if vm.state == ACTIVE and vm.lcm_state in (3, UNKNOWN_LCM):
+        return f"{action}-hard" if escalate else action
+    return None
+
+
+def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Outcome:
+    """Take nodes' VMs down: each node set's suspend_action (or terminate when force), confirmed by polling.
+
+    Escalates to the -hard form half-way through the bound; with force (resume-fail, reconcile) a VM
+    that refuses terminate is dropped with recover --delete so no GPU stays held.
+    """
+    outcome = Outcome()
+    config = ctx.config
+    for node in nodes:
+        if config.nodeset_for(node) is None:
+            log.error("node %s is in no [[nodeset]] of %s: left alone", node, config.path)
+            outcome.fail(node, "not in any nodeset")
+    wanted = [n for n in nodes if config.nodeset_for(n) is not None]
+    if not wanted:
+        return outcome
+    start = ctx.clock()
+    deadline = start + config.power.suspend_timeout
+    try:
+        vms = ctx.cloud.cluster_vms(ctx.cluster)
+    except CloudError as exc:
+        for node in wanted:
+            outcome.fail(node, f"OpenNebula: {_short(exc)}")
+        return outcome
+    ours = ours_by_node(vms, ctx.cluster, wanted)
+    tasks: list[_Down] = []
+    for node in wanted:
+        nodeset = config.nodeset_for(node)
+        assert nodeset is not None
+        if not ours.get(node):
+            log.info("node=%s no VM of ours: nothing to %s", node, "do")
+            outcome.done.append(node)
+        for vm in ours.get(node, []):
+            log.info("node=%s vm=%d state=%s: %s (%s)", node, vm.id, vm.state_name,
+                     "terminate" if force else nodeset.suspend_action, why)
+            tasks.append(_Down(node, vm, "terminate" if force else nodeset.suspend_action))
+    interval = ctx.poll_first
+    with ThreadPoolExecutor(max_workers=config.opennebula.max_parallel) as pool:
+        while tasks:
+            now = ctx.clock()
+            escalate = now >= start + config.power.suspend_timeout / 2
+            pending = [t for t in tasks if t.vm.state not in SATISFIED[t.action]]
+            for task in tasks:
+                if task not in pending:
+                    log.info("node=%s vm=%d now %s", task.node, task.vm.id, task.vm.state_name)
+            futures = {pool.submit(_step_down, ctx, task, escalate, force, now >= deadline): task
+                       for task in pending}
+            for future, task in futures.items():
+                future.result()
+            tasks = pending
+            tasks = [t for t in tasks if t.issued != "recover-delete"]
+            if now >= deadline:
+                for task in tasks:
+                    outcome.fail(task.node, f"VM {task.vm.id} still {task.vm.state_name} after "
+                                 f"{config.power.suspend_timeout:g}s")
+                break
+            if not tasks:
+                break
+            ctx.sleep(interval)
+            interval = min(interval * 1.5, config.power.poll_max)
+            try:
+                snapshot = {vm.id: vm for vm in ctx.cloud.cluster_vms(ctx.cluster)}
+            except CloudError as exc:
+                log.warning("pool query failed: %s", exc)
+                continue
+            for task in tasks:
+                task.vm = snapshot.get(task.vm.id, _gone(task.vm))
+    failed = set(outcome.failed_nodes)
+    outcome.done.extend(n for n in wanted if n not in failed and n not in outcome.done)
+    return outcome
+
+
+def _gone(vm: Vm) -> Vm:
+    # The pool query leaves out DONE VMs: a VM no longer listed has reached DONE.
+    return Vm(id=vm.id, name=vm.name, state=DONE, lcm_state=0, user_template=vm.user_template)
+
+
+def _step_down(ctx: Context, task: _Down, escalate: bool, force: bool, last: bool) -> None:
+    vm = task.vm
+    action = next_down_action(task.action, vm, escalate)
+    if force and last and task.action == "terminate":
+        action = "recover-delete"
+    if action is None or action == task.issued:
+        return
+    try:
+        if action == "recover-delete":
+            _timed(action, task.node, vm.id, lambda: ctx.cloud.recover_delete(vm.id))
+        else:
+            _timed(action, task.node, vm.id, lambda: ctx.cloud.action(action, vm.id))
+        task.issued = action
+    except ActionRefused as exc:
+        log.info("node=%s vm=%d %s refused in %s, will retry: %s", task.node, vm.id, action, vm.state_name, exc)
+        if force and task.action == "terminate":
+            _timed("recover-delete", task.node, vm.id, lambda: ctx.cloud.recover_delete(vm.id))
+            task.issued = "recover-delete"
+    except CloudError as exc:
+        log.warning("node=%s vm=%d %s failed, will retry: %s", task.node, vm.id, action, exc)
