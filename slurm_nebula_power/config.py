@@ -248,13 +248,19 @@ class _Reader:
             value = data[key]
             # bool is an int subclass in Python; TOML keeps them apart, so do we.
             if isinstance(value, bool) and bool not in spec.types or not isinstance(value, spec.types):
-                wanted = " or ".join("number" if t is float else t.__name__ for t in spec.types)
-                raise self.fail(dotted, f"must be a {wanted}, not {type(value).__name__} {value!r}")
+                raise self.fail(dotted, f"must be {_kind(spec.types)}, not {_kind((type(value),))} {value!r}")
             problem = spec.check(value) if spec.check else None
             if problem:
                 raise self.fail(dotted, f"{problem} (got {value!r})")
             out[key] = float(value) if float in spec.types and not isinstance(value, str) else value
         return out
+
+
+def _kind(types: tuple[type, ...]) -> str:
+    if float in types:
+        return "a number"
+    names = {int: "an integer", str: "a string", bool: "true or false", list: "a list", dict: "a table"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
 
 
 def _relative_to(base: Path, value: str) -> Path:

@@ -1,0 +1,107 @@
+"""Configuration: where it is found, and every error naming the file, the key and the fix (exit 3)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurm_nebula_power.cli import resume_main
+from slurm_nebula_power.config import find_config, load_config
+from slurm_nebula_power.errors import EXIT_CONFIG, ConfigError
+from support import make_setup
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    return make_setup(tmp_path, "http://127.0.0.1:9/RPC2", "oneadmin:s3cret-pass")
+
+
+def test_good_configuration_loads(setup) -> None:
+    config = load_config(setup.config, setup.env)
+    assert config.opennebula.endpoint == "http://127.0.0.1:9/RPC2"
+    assert config.opennebula.session == "oneadmin:s3cret-pass"
+    assert config.slurm.cluster == "testcluster"  # ClusterName read from $SLURM_CONF
+    assert config.nodeset_for("gpu03").template == "slurm-gpu-worker"
+    assert config.nodeset_for("cpu02").suspend_action == "poweroff"
+    assert config.nodeset_for("gpu09") is None
+    assert "s3cret" not in repr(config)
+
+
+def test_lookup_order(tmp_path: Path, setup) -> None:
+    other = tmp_path / "other.toml"
+    assert find_config(str(other), {"SLURM_NEBULA_POWER_CONFIG": "x"}) == other
+    assert find_config(None, {"SLURM_NEBULA_POWER_CONFIG": str(other)}) == other
+    assert find_config(None, {"SLURM_CONF": str(setup.root / "slurm.conf")}) == setup.config
+    if not Path("/etc/slurm/nebula-power.toml").exists():
+        with pytest.raises(ConfigError, match="no configuration found: pass --config PATH"):
+            find_config(None, {"SLURM_CONF": str(tmp_path / "nowhere" / "slurm.conf")})
+
+
+BROKEN = [
+    ("unknown key", ("max_parallel = 8", "max_parallel = 8\nmax_paralel = 4"), "opennebula.max_paralel: unknown key"),
+    ("wrong type", ("timeout = 5", 'timeout = "5"'), "opennebula.timeout: must be a number, not a string '5'"),
+    ("bool for number", ("timeout = 5", "timeout = true"), "opennebula.timeout: must be"),
+    ("non-http endpoint", ('endpoint = "http://127.0.0.1:9/RPC2"', 'endpoint = "127.0.0.1:2634"'),
+     "opennebula.endpoint: must be an http:// or https://"),
+    ("missing endpoint", ('endpoint = "http://127.0.0.1:9/RPC2"', ""), "opennebula.endpoint: missing"),
+    ("missing template", ('template = "slurm-cpu-worker"', ""), "nodeset[1].template: missing"),
+    ("bad suspend action", ('suspend_action = "poweroff"', 'suspend_action = "hibernate"'),
+     "nodeset[1].suspend_action: must be one of"),
+    ("overlapping node sets", ('nodes = "cpu[01-04]"', 'nodes = "gpu[08-09]"'), "node gpu08 is in both"),
+    ("malformed nodes", ('nodes = "cpu[01-04]"', 'nodes = "cpu[04-01]"'), "nodeset[1].nodes"),
+    ("unknown section", ("[power]", "[powr]\n[power]"), "powr: unknown section"),
+    ("relative scontrol", ("[slurm]\n", '[slurm]\nscontrol = "scontrol"\n'), None),
+    ("not TOML", ("[power]", "[power"), "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "message"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_configuration_is_refused_with_file_and_key(setup, case, edit, message) -> None:
+    text = setup.config.read_text()
+    old, new = edit
+    assert old in text, case
+    if case == "relative scontrol":
+        text = text.replace(f'scontrol = "{setup.scontrol_dir / "scontrol"}"', 'scontrol = "scontrol"')
+        message = "slurm.scontrol: must be an absolute path"
+    else:
+        text = text.replace(old, new, 1)
+    setup.config.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(setup.config, setup.env)
+    assert str(setup.config) in str(info.value)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660])
+def test_auth_file_readable_by_others_is_refused(setup, mode) -> None:
+    (setup.root / "one_auth").chmod(mode)
+    with pytest.raises(ConfigError, match=r"one_auth is accessible by group or others .*chmod 600"):
+        load_config(setup.config, setup.env)
+
+
+def test_auth_file_content_must_be_one_credentials_line(setup) -> None:
+    auth = setup.root / "one_auth"
+    auth.write_text("just-a-password\n")
+    auth.chmod(stat.S_IRUSR)
+    with pytest.raises(ConfigError, match="exactly one line user:password"):
+        load_config(setup.config, setup.env)
+
+
+def test_cluster_name_required_when_slurm_conf_has_none(setup) -> None:
+    (setup.root / "slurm.conf").write_text("# no cluster name\n")
+    setup.config.write_text(setup.config.read_text().replace("[slurm]\n", '[slurm]\nslurm_conf = "slurm.conf"\n'))
+    with pytest.raises(ConfigError, match="slurm.cluster: not set and no ClusterName"):
+        load_config(setup.config, setup.env)
+
+
+def test_unwritable_log_directory_exits_3_without_side_effect(setup, tmp_path, capsys) -> None:
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    setup.config.write_text(setup.config.read_text().replace(str(setup.log), str(blocker / "x.log")))
+    assert resume_main(["gpu01"], setup.env) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "log.file: cannot write" in err and err.count("\n") == 1
+    assert setup.scontrol_calls() == []
