@@ -1,0 +1,36 @@
+"""An OpenNebula simulator: oned's XML-RPC API over real HTTP, for tests, benchmarks and the demo.
+
+    with running_simulator(SimConfig(), auth="oneadmin:secret") as sim:
+        server = pyone.OneServer(sim.endpoint, session=sim.auth)
+"""
+
+from slurm_nebula_power.simulator.config import (
+    Durations,
+    Faults,
+    HostSpec,
+    NetworkSpec,
+    PciDevice,
+    SimConfig,
+    TemplateSpec,
+    default_hosts,
+    default_templates,
+    load_sim_config,
+)
+from slurm_nebula_power.simulator.handle import HostSnapshot, Simulator, VmSnapshot, running_simulator
+
+__all__ = [
+    "Durations",
+    "Faults",
+    "HostSnapshot",
+    "HostSpec",
+    "NetworkSpec",
+    "PciDevice",
+    "SimConfig",
+    "Simulator",
+    "TemplateSpec",
+    "VmSnapshot",
+    "default_hosts",
+    "default_templates",
+    "load_sim_config",
+    "running_simulator",
+]

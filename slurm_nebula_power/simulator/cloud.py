@@ -1,0 +1,315 @@
+"""The simulated cloud: allocation, the scheduler, phase timing and host resources, under one lock.
+
+Every method whose name does not start with `locked_` takes the lock itself; the `locked_` ones expect the
+caller (the RPC layer or the handle) to hold it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slurm_nebula_power.simulator import states as S
+from slurm_nebula_power.simulator.config import Durations, Faults, SimConfig
+from slurm_nebula_power.simulator.model import History, Host, IpPool, PciSlot, Vm
+from slurm_nebula_power.simulator.states import OneError
+from slurm_nebula_power.simulator.templates import Template, first, parse_template
+from slurm_nebula_power.simulator.vmbuild import (
+    BuildError,
+    assign_pci,
+    build_vm_templates,
+    strip_pci_assignment,
+)
+
+SCHED_TEXT = "Cannot dispatch VM to any Host. Check VM log for detailed reasons."
+_BOOT_FAILS_TO = {
+    S.BOOT: (S.ACTIVE, S.BOOT_FAILURE), S.BOOT_STOPPED: (S.ACTIVE, S.BOOT_STOPPED_FAILURE),
+    S.BOOT_UNDEPLOY: (S.ACTIVE, S.BOOT_UNDEPLOY_FAILURE), S.BOOT_POWEROFF: (S.POWEROFF, S.LCM_INIT),
+    S.BOOT_SUSPENDED: (S.SUSPENDED, S.LCM_INIT), S.BOOT_UNKNOWN: (S.ACTIVE, S.UNKNOWN),
+}
+_NEXT = {
+    S.PROLOG: S.BOOT, S.PROLOG_RESUME: S.BOOT_STOPPED, S.PROLOG_UNDEPLOY: S.BOOT_UNDEPLOY,
+    S.SHUTDOWN: S.EPILOG, S.SHUTDOWN_UNDEPLOY: S.EPILOG_UNDEPLOY, S.SAVE_STOP: S.EPILOG_STOP,
+}
+
+
+@dataclass(frozen=True)
+class HookEvent:
+    """A VM reached RUNNING ("running") or left it ("stopped")."""
+
+    kind: str
+    vm_id: int
+    name: str
+    ip: str
+    context: dict[str, str]
+
+
+@dataclass(frozen=True)
+class User:
+    """Who a session belongs to."""
+
+    uid: int
+    gid: int
+    uname: str
+    gname: str
+
+
+ONEADMIN = User(0, 0, "oneadmin", "oneadmin")
+
+
+def ctime(now: float) -> str:
+    """oned's timestamp prefix for ERROR and SCHED_MESSAGE: `Mon Nov 30 10:00:00 2026`."""
+    return time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now))
+
+
+class Cloud:
+    """VMs, hosts, leases and time; the single source of truth behind the XML-RPC API and the handle."""
+
+    def __init__(self, cfg: SimConfig, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.monotonic = monotonic
+        self.lock = threading.RLock()
+        self.hosts = [Host.from_spec(i, spec) for i, spec in enumerate(cfg.hosts)]
+        self.templates = {t.id: (t, parse_template(t.body)) for t in cfg.templates}
+        self.regtime = int(clock())
+        self.vms: dict[int, Vm] = {}
+        self.ips = IpPool(cfg.network)
+        self.durations: Durations = cfg.durations
+        self.faults: Faults = cfg.faults
+        self.authorized = True
+        self.next_id = 0
+        self.events: list[HookEvent] = []
+        self._pending: set[int] = set()
+        self._sched_dirty = True
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._heap_count = 0
+
+    # ------------------------------------------------------------------ allocation
+    def locked_allocate(self, template_id: int, name: str, hold: bool, extra: Template, user: User,
+                        state: int = S.PENDING) -> Vm:
+        """Create a VM from a template merged with `extra`, leasing its IPs now (oned leases at allocation)."""
+        if template_id not in self.templates:
+            raise OneError(S.NO_EXISTS, "", template_id, obj="virtual machine template")
+        spec, base = self.templates[template_id]
+        vm_id = self.next_id
+        vm_name = name or f"{spec.name}-{vm_id}"
+        try:
+            built = build_vm_templates(base, extra, vm_id, vm_name, template_id, user.uid, user.uname,
+                                       self.ips)
+        except BuildError as exc:
+            raise OneError(S.ALLOCATE, str(exc), obj="virtual machine") from None
+        self.next_id += 1
+        vm = Vm(id=vm_id, name=vm_name, uid=user.uid, gid=user.gid, uname=user.uname, gname=user.gname,
+                template=built.template, user_template=built.user_template, stime=int(self.clock()),
+                state=S.INIT, cpu_units=built.cpu_units, memory_kb=built.memory_kb,
+                pci_requests=built.pci_requests, ips=built.ips)
+        vm.stuck = self._draw("stuck", vm.id, 0) < self.faults.stuck_pending_rate
+        self.vms[vm_id] = vm
+        self.locked_set_state(vm, S.HOLD if hold else state)
+        return vm
+
+    def _draw(self, what: str, vm_id: int, attempt: int) -> float:
+        # One generator per decision: repeatable for a given seed whatever order threads ask in.
+        return random.Random(f"{self.cfg.seed}:{what}:{vm_id}:{attempt}").random()
+
+    # ------------------------------------------------------------------ state changes
+    def locked_set_state(self, vm: Vm, state: int, lcm: int = S.LCM_INIT, at: float | None = None) -> None:
+        """Move `vm` to (state, lcm): records PREV_*, queues hook events, phase deadlines and scheduling."""
+        was_running = vm.state == S.ACTIVE and vm.lcm == S.RUNNING
+        vm.prev_state, vm.prev_lcm = vm.state, vm.lcm
+        vm.state, vm.lcm = state, lcm
+        vm.phase_seq += 1
+        vm.touch()
+        now = self.clock()
+        running = state == S.ACTIVE and lcm == S.RUNNING
+        if running and not was_running:
+            if vm.history:
+                vm.history[-1].rstime = int(now)
+            self.events.append(self._event("running", vm))
+        elif was_running and not running:
+            if vm.history:
+                vm.history[-1].retime = int(now)
+            self.events.append(self._event("stopped", vm))
+        if state == S.ACTIVE and lcm in S.PHASE_KIND:
+            start = self.monotonic() if at is None else at
+            vm.deadline = start + getattr(self.durations, S.PHASE_KIND[lcm])
+            self._heap_count += 1
+            heapq.heappush(self._heap, (vm.deadline, self._heap_count, vm.id, vm.phase_seq))
+        if state == S.PENDING and not vm.stuck:
+            self._pending.add(vm.id)
+            self._sched_dirty = True
+        else:
+            self._pending.discard(vm.id)
+        if state == S.PENDING and vm.stuck:
+            self._sched_message(vm, now)
+
+    def _event(self, kind: str, vm: Vm) -> HookEvent:
+        context = next((v for v in vm.template.get("CONTEXT", ()) if isinstance(v, dict)), {})
+        return HookEvent(kind, vm.id, vm.name, vm.ips[0] if vm.ips else "", dict(context))
+
+    def locked_release_host(self, vm: Vm) -> None:
+        """Free the host share `vm` holds (end of terminate, undeploy, stop; delete-recreate; delete)."""
+        if vm.host_id is not None:
+            self.hosts[vm.host_id].give_back(vm)
+            strip_pci_assignment(vm.template, vm.pci_requests)
+            vm.pci_held = []
+            if vm.history and not vm.history[-1].etime:
+                vm.history[-1].etime = int(self.clock())
+            self._sched_dirty = True
+
+    def locked_done(self, vm: Vm) -> None:
+        """DispatchManager::free_vm_resources: host share and leases go back, the VM is DONE."""
+        self.locked_release_host(vm)
+        for ip in vm.ips:
+            self.ips.release(ip)
+        vm.etime = int(self.clock())
+        if vm.history and vm.history[-1].estime and not vm.history[-1].eetime:
+            vm.history[-1].eetime = vm.etime
+        self.locked_set_state(vm, S.DONE)
+
+    def locked_record_action(self, vm: Vm, action: str) -> None:
+        """Note the action that ends the VM's current stay (HISTORY/ACTION)."""
+        if vm.history:
+            vm.history[-1].action = S.HISTORY_ACTION.get(action, 0)
+
+    # ------------------------------------------------------------------ time
+    def tick(self) -> list[HookEvent]:
+        """Schedule pending VMs and end every phase whose time is up; return the hook events to run."""
+        with self.lock:
+            now = self.monotonic()
+            self._schedule(now)
+            while self._heap and self._heap[0][0] <= now:
+                deadline, _, vm_id, seq = heapq.heappop(self._heap)
+                vm = self.vms[vm_id]
+                if vm.phase_seq == seq and vm.state == S.ACTIVE:
+                    self._finish_phase(vm, deadline)
+                if self._sched_dirty:
+                    self._schedule(now)
+            events, self.events = self.events, []
+        return events
+
+    def _finish_phase(self, vm: Vm, at: float) -> None:
+        self.locked_complete(vm, vm.lcm, at, can_fail=True)
+
+    def locked_complete(self, vm: Vm, lcm: int, at: float | None = None, can_fail: bool = False) -> None:
+        """End phase `lcm` of `vm` successfully (or, for boots with `can_fail`, maybe as a boot failure)."""
+        at = self.monotonic() if at is None else at
+        wall = int(self.clock())
+        stay = vm.history[-1] if vm.history else None
+        if lcm in (S.PROLOG, S.PROLOG_RESUME, S.PROLOG_UNDEPLOY) and stay:
+            stay.petime = wall
+        if lcm in _BOOT_FAILS_TO:
+            vm.boot_attempts += 1
+            if can_fail and self._draw("boot", vm.id, vm.boot_attempts) < self.faults.boot_failure_rate:
+                vm.user_template["ERROR"] = [f"{ctime(self.clock())} : Error deploying virtual machine"]
+                self.locked_set_state(vm, *_BOOT_FAILS_TO[lcm], at=at)
+            else:
+                self.locked_set_state(vm, S.ACTIVE, S.RUNNING, at=at)
+        elif lcm in _NEXT:
+            if _NEXT[lcm] in (S.EPILOG, S.EPILOG_UNDEPLOY, S.EPILOG_STOP) and stay:
+                stay.estime = wall
+            self.locked_set_state(vm, S.ACTIVE, _NEXT[lcm], at=at)
+        elif lcm == S.SHUTDOWN_POWEROFF:
+            self.locked_set_state(vm, S.POWEROFF, at=at)
+        elif lcm == S.SAVE_SUSPEND:
+            self.locked_set_state(vm, S.SUSPENDED, at=at)
+        elif lcm in (S.EPILOG, S.CLEANUP_DELETE):
+            self.locked_done(vm)
+        elif lcm in (S.EPILOG_UNDEPLOY, S.EPILOG_STOP):
+            if stay:
+                stay.eetime = wall
+            self.locked_release_host(vm)
+            vm.next_prolog = S.PROLOG_UNDEPLOY if lcm == S.EPILOG_UNDEPLOY else S.PROLOG_RESUME
+            self.locked_set_state(vm, S.UNDEPLOYED if lcm == S.EPILOG_UNDEPLOY else S.STOPPED, at=at)
+        elif lcm == S.CLEANUP_RESUBMIT:
+            self.locked_release_host(vm)
+            vm.next_prolog = S.PROLOG
+            self.locked_set_state(vm, S.PENDING, at=at)
+
+    # ------------------------------------------------------------------ scheduler
+    def _schedule(self, now: float) -> None:
+        if not self._sched_dirty:
+            return
+        self._sched_dirty = False
+        failed: set[tuple[object, ...]] = set()
+        for vm_id in sorted(self._pending):
+            vm = self.vms[vm_id]
+            need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests))
+            if need not in failed:
+                for host in self.hosts:
+                    slots = host.fit(vm)
+                    if slots is not None:
+                        self._deploy(vm, host, slots, now)
+                        break
+                else:
+                    failed.add(need)
+            if vm.state == S.PENDING:
+                self._sched_message(vm, self.clock())
+
+    def _sched_message(self, vm: Vm, now: float) -> None:
+        if "SCHED_MESSAGE" not in vm.user_template:
+            vm.user_template["SCHED_MESSAGE"] = [f"{ctime(now)} : {SCHED_TEXT}"]
+            vm.touch()
+
+    def _deploy(self, vm: Vm, host: Host, slots: list[PciSlot], now: float) -> None:
+        host.take(vm, slots)
+        assign_pci(vm.template, slots)
+        vm.user_template.pop("SCHED_MESSAGE", None)
+        wall = int(self.clock())
+        vm.history.append(History(seq=len(vm.history), host_id=host.id, hostname=host.name, stime=wall,
+                                  pstime=wall))
+        prolog, vm.next_prolog = vm.next_prolog or S.PROLOG, 0
+        self.locked_set_state(vm, S.ACTIVE, prolog, at=now)
+
+    def locked_place(self, vm: Vm, host_name: str | None) -> Host:
+        """Give `vm` a host share directly (the handle's add_vm of a VM that already runs somewhere)."""
+        candidates = [h for h in self.hosts if host_name in (None, h.name)]
+        if not candidates:
+            raise ValueError(f"no host named {host_name!r}")
+        for host in candidates:
+            slots = host.fit(vm)
+            if slots is not None:
+                self._deploy(vm, host, slots, self.monotonic())
+                return host
+        raise ValueError(f"no capacity for VM {vm.id} on {host_name or 'any host'}")
+
+    # ------------------------------------------------------------------ runtime knobs
+    def set_faults(self, **changes: object) -> None:
+        """Change any subset of the fault settings."""
+        with self.lock:
+            if "transient_kinds" in changes:
+                changes["transient_kinds"] = tuple(changes["transient_kinds"])  # type: ignore[arg-type]
+            self.faults = dataclasses.replace(self.faults, **changes)  # type: ignore[arg-type]
+            SimConfig(faults=self.faults)  # validates ranges and kinds
+
+    def set_durations(self, **changes: float) -> None:
+        """Change phase durations; phases already running keep their deadline."""
+        with self.lock:
+            self.durations = dataclasses.replace(self.durations, **changes)
+            SimConfig(durations=self.durations)
+
+    def vm_counts(self) -> dict[str, int]:
+        """VMs per state_str (LCM name when ACTIVE), as sim.stats reports them."""
+        counts: dict[str, int] = {}
+        with self.lock:
+            for vm in self.vms.values():
+                key = S.state_str(vm.state, vm.lcm)
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def user_for(self, uid: int) -> User:
+        """The user a uid names (oneadmin is 0; others are plain users of group `users`)."""
+        if uid == 0:
+            return ONEADMIN
+        return User(uid, 1, f"user{uid}", "users")
+
+    def first_ip(self, vm: Vm) -> str:
+        """The VM's first NIC address, or ''."""
+        return vm.ips[0] if vm.ips else first(vm.template, "IP")

@@ -1,0 +1,195 @@
+"""The simulated objects: VMs, hosts with their PCI devices, and the IP lease pool."""
+
+from __future__ import annotations
+
+import heapq
+import ipaddress
+from dataclasses import dataclass, field
+
+from slurm_nebula_power.simulator.config import HostSpec, NetworkSpec, PciDevice
+from slurm_nebula_power.simulator.states import ACTIVE, POWEROFF, SUSPENDED
+from slurm_nebula_power.simulator.templates import Template
+
+
+@dataclass
+class History:
+    """One HISTORY record: a stay on one host."""
+
+    seq: int
+    host_id: int
+    hostname: str
+    stime: int
+    etime: int = 0
+    pstime: int = 0
+    petime: int = 0
+    rstime: int = 0
+    retime: int = 0
+    estime: int = 0
+    eetime: int = 0
+    action: int = 0
+
+
+@dataclass
+class Lock:
+    """A VM lock (one.vm.lock): level 1 USE, 2 MANAGE, 3 ADMIN, 4 ALL."""
+
+    level: int
+    time: int
+
+
+@dataclass
+class Vm:
+    """A virtual machine as oned stores it, plus the simulator's bookkeeping."""
+
+    id: int
+    name: str
+    uid: int
+    gid: int
+    uname: str
+    gname: str
+    template: Template
+    user_template: Template
+    stime: int
+    state: int
+    lcm: int = 0
+    prev_state: int = 0
+    prev_lcm: int = 0
+    etime: int = 0
+    resched: int = 0
+    cpu_units: int = 0  # CPU * 100, oned's host share unit
+    memory_kb: int = 0
+    pci_requests: list[dict[str, str]] = field(default_factory=list)
+    pci_held: list[str] = field(default_factory=list)  # host device short addresses
+    ips: list[str] = field(default_factory=list)
+    host_id: int | None = None  # the host whose CPU/memory/devices this VM holds
+    history: list[History] = field(default_factory=list)
+    lock: Lock | None = None
+    stuck: bool = False  # fault injection: never leaves PENDING
+    next_prolog: int = 0  # PROLOG, PROLOG_RESUME or PROLOG_UNDEPLOY at the next dispatch
+    phase_seq: int = 0  # invalidates queued phase deadlines
+    deadline: float = 0.0
+    boot_attempts: int = 0
+    version: int = 0
+
+    def touch(self) -> None:
+        """Mark the VM changed so cached XML is rendered again."""
+        self.version += 1
+
+    @property
+    def holds_host(self) -> bool:
+        """oned keeps host resources in ACTIVE (any LCM state), POWEROFF and SUSPENDED."""
+        return self.state in (ACTIVE, POWEROFF, SUSPENDED) and self.host_id is not None
+
+
+@dataclass
+class PciSlot:
+    """A host PCI device and the VM holding it (-1 = free), as HOST_SHARE/PCI_DEVICES shows it."""
+
+    spec: PciDevice
+    vmid: int = -1
+
+    @property
+    def address(self) -> str:
+        """The full PCI address: domain, bus, slot and function."""
+        return f"0000:{self.spec.short_address}"
+
+    def matches(self, request: dict[str, str]) -> bool:
+        """HostSharePCI's rule: every given VENDOR/DEVICE/CLASS (hex) or SHORT_ADDRESS must match."""
+        if request.get("SHORT_ADDRESS"):
+            return request["SHORT_ADDRESS"].lower() == self.spec.short_address.lower()
+        for key, mine in (("VENDOR", self.spec.vendor), ("DEVICE", self.spec.device), ("CLASS", self.spec.klass)):
+            wanted = request.get(key, "")
+            if wanted and int(wanted, 16) != int(mine, 16):
+                return False
+        return True
+
+
+@dataclass
+class Host:
+    """A hypervisor and its allocated share."""
+
+    id: int
+    name: str
+    max_cpu: int
+    max_mem: int
+    pci: list[PciSlot]
+    used_cpu: int = 0
+    used_mem: int = 0
+    vms: set[int] = field(default_factory=set)
+    version: int = 0
+
+    @classmethod
+    def from_spec(cls, host_id: int, spec: HostSpec) -> Host:
+        """A host with all its devices free."""
+        return cls(host_id, spec.name, spec.cpu, spec.memory_kb, [PciSlot(p) for p in spec.pci])
+
+    def fit(self, vm: Vm) -> list[PciSlot] | None:
+        """The devices `vm` would get here, or None when CPU, memory or a matching free device is missing."""
+        if self.used_cpu + vm.cpu_units > self.max_cpu or self.used_mem + vm.memory_kb > self.max_mem:
+            return None
+        chosen: list[PciSlot] = []
+        for request in vm.pci_requests:
+            slot = next((s for s in self.pci if s.vmid == -1 and s not in chosen and s.matches(request)), None)
+            if slot is None:
+                return None
+            chosen.append(slot)
+        return chosen
+
+    def take(self, vm: Vm, slots: list[PciSlot]) -> None:
+        """Reserve CPU, memory and devices for `vm`."""
+        self.used_cpu += vm.cpu_units
+        self.used_mem += vm.memory_kb
+        for slot in slots:
+            slot.vmid = vm.id
+        self.vms.add(vm.id)
+        vm.host_id = self.id
+        vm.pci_held = [s.spec.short_address for s in slots]
+        self.version += 1
+
+    def give_back(self, vm: Vm) -> None:
+        """Free what `vm` holds here (end of terminate, undeploy, stop)."""
+        self.used_cpu -= vm.cpu_units
+        self.used_mem -= vm.memory_kb
+        for slot in self.pci:
+            if slot.vmid == vm.id:
+                slot.vmid = -1
+        self.vms.discard(vm.id)
+        vm.host_id = None
+        self.version += 1
+
+
+class IpPool:
+    """Leases from one address range, lowest free address first, as an oned address range does."""
+
+    def __init__(self, spec: NetworkSpec) -> None:
+        net = ipaddress.ip_network(spec.cidr, strict=False)
+        hosts = list(net.hosts()) if net.num_addresses > 2 else list(net)
+        self.first = int(hosts[0])
+        self.size = len(hosts)
+        self.spec = spec
+        self.network = net
+        self._free = list(range(self.size))
+        self.used: dict[str, int] = {}
+
+    def lease(self, vm_id: int) -> str | None:
+        """The lowest free address, or None when the range is exhausted."""
+        if not self._free:
+            return None
+        ip = str(ipaddress.IPv4Address(self.first + heapq.heappop(self._free)))
+        self.used[ip] = vm_id
+        return ip
+
+    def release(self, ip: str) -> None:
+        """Give `ip` back to the range."""
+        if self.used.pop(ip, None) is not None:
+            heapq.heappush(self._free, int(ipaddress.IPv4Address(ip)) - self.first)
+
+    @property
+    def free(self) -> int:
+        """How many addresses are left."""
+        return len(self._free)
+
+
+def mac_for(ip: str) -> str:
+    """oned's default MAC: the 02:00 prefix followed by the IPv4 address in hex."""
+    return "02:00:" + ":".join(f"{int(octet):02x}" for octet in ip.split("."))
