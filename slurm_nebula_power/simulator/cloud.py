@@ -87,7 +87,8 @@ class Cloud:
         self.next_id = 0
         self.events: list[HookEvent] = []
         self._pending: set[int] = set()
-        self._sched_dirty = True
+        self._new_pending: list[int] = []  # joined PENDING since the last pass
+        self._sched_dirty = True  # capacity was freed: every pending VM gets another look
         self._heap: list[tuple[float, int, int, int]] = []
         self._heap_count = 0
 
@@ -144,7 +145,7 @@ class Cloud:
             heapq.heappush(self._heap, (vm.deadline, self._heap_count, vm.id, vm.phase_seq))
         if state == S.PENDING and not vm.stuck:
             self._pending.add(vm.id)
-            self._sched_dirty = True
+            self._new_pending.append(vm.id)
         else:
             self._pending.discard(vm.id)
         if state == S.PENDING and vm.stuck:
@@ -190,8 +191,7 @@ class Cloud:
                 vm = self.vms[vm_id]
                 if vm.phase_seq == seq and vm.state == S.ACTIVE:
                     self._finish_phase(vm, deadline)
-                if self._sched_dirty:
-                    self._schedule(now)
+                self._schedule(now)
             events, self.events = self.events, []
         return events
 
@@ -235,11 +235,18 @@ class Cloud:
 
     # ------------------------------------------------------------------ scheduler
     def _schedule(self, now: float) -> None:
-        if not self._sched_dirty:
+        # VMs already pending failed to fit before and capacity only shrank since, unless something was freed:
+        # then everything pending is looked at again, oldest first, as oned's scheduler orders by id.
+        if self._sched_dirty:
+            candidates = sorted(self._pending)
+        elif self._new_pending:
+            candidates = sorted(i for i in set(self._new_pending) if i in self._pending)
+        else:
             return
         self._sched_dirty = False
+        self._new_pending = []
         failed: set[tuple[object, ...]] = set()
-        for vm_id in sorted(self._pending):
+        for vm_id in candidates:
             vm = self.vms[vm_id]
             need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests))
             if need not in failed:
