@@ -293,14 +293,16 @@ class Cloud:
         with self.lock:
             if "transient_kinds" in changes:
                 changes["transient_kinds"] = tuple(changes["transient_kinds"])  # type: ignore[arg-type]
-            self.faults = dataclasses.replace(self.faults, **changes)  # type: ignore[arg-type]
-            SimConfig(faults=self.faults)  # validates ranges and kinds
+            faults = dataclasses.replace(self.faults, **changes)  # type: ignore[arg-type]
+            SimConfig(faults=faults)  # validates ranges and kinds before anything changes
+            self.faults = faults
 
     def set_durations(self, **changes: float) -> None:
         """Change phase durations; phases already running keep their deadline."""
         with self.lock:
-            self.durations = dataclasses.replace(self.durations, **changes)
-            SimConfig(durations=self.durations)
+            durations = dataclasses.replace(self.durations, **changes)
+            SimConfig(durations=durations)
+            self.durations = durations
 
     def vm_counts(self) -> dict[str, int]:
         """VMs per state_str (LCM name when ACTIVE), as sim.stats reports them."""
