@@ -234,10 +234,11 @@ def load_sim_config(path: str | Path) -> SimConfig:
     if "template" in data:
         kwargs["templates"] = tuple(_template(entry, where, i) for i, entry in enumerate(data["template"]))
     try:
-        cfg = SimConfig(**kwargs)
+        return SimConfig(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    return cfg
+    except ConfigError as exc:  # SimConfig's own checks name the object; name the file instead
+        raise ConfigError(str(exc).replace("SimConfig:", f"{where}:", 1)) from None
 
 
 def _host(entry: Any, where: str, index: int) -> HostSpec:
