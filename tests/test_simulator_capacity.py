@@ -38,7 +38,8 @@ def _start(sim: Simulator, one: pyone.OneServer, count: int) -> list[int]:
     return ids
 
 
-def test_gpu_vm_beyond_free_devices_stays_pending_with_sched_message(sim: Simulator, one: pyone.OneServer) -> None:
+def test_gpu_vm_beyond_free_devices_stays_pending_with_sched_message(sim: Simulator,
+                                                                     one: pyone.OneServer) -> None:
     _start(sim, one, 2)
     third = one.template.instantiate(0, "gpu2", False, "", False)
     message = sim.wait_for(lambda: sim.vm(third).user_template.get("SCHED_MESSAGE"), 5)
@@ -155,7 +156,8 @@ def test_delete_recreate_keeps_id_and_ip(sim: Simulator, one: pyone.OneServer) -
     (vm_id,) = _start(sim, one, 1)
     ip = sim.vm(vm_id).ip
     one.vm.recover(vm_id, 4)
-    sim.wait_for(lambda: _state(sim, vm_id) == "RUNNING" and len(one.vm.info(vm_id).HISTORY_RECORDS.HISTORY) == 2, 5)
+    sim.wait_for(lambda: _state(sim, vm_id) == "RUNNING"
+                 and len(one.vm.info(vm_id).HISTORY_RECORDS.HISTORY) == 2, 5)
     assert sim.vm(vm_id).ip == ip
 
 

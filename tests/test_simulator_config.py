@@ -70,13 +70,16 @@ name = "tiny"
 body = """CPU = 1
 MEMORY = 512"""
 ''')
-    assert (cfg.seed, cfg.version, cfg.tick_seconds, cfg.on_running) == (9, "6.8.0", 0.02, ("/bin/echo", "up"))
+    assert (cfg.seed, cfg.version, cfg.tick_seconds) == (9, "6.8.0", 0.02)
+    assert cfg.on_running == ("/bin/echo", "up")
     assert (cfg.durations.prolog, cfg.durations.boot, cfg.durations.epilog) == (0, 0.5, 1.0)
-    assert (cfg.faults.latency_ms, cfg.faults.transient_kinds, cfg.faults.transient_rate) == (20, ("drop",), 0.1)
+    faults = cfg.faults
+    assert (faults.latency_ms, faults.transient_kinds, faults.transient_rate) == (20, ("drop",), 0.1)
     assert (cfg.network.cidr, cfg.network.name) == ("127.10.0.0/16", "ib-net")
     assert [h.name for h in cfg.hosts] == ["a100-1", "custom"]
     assert len(cfg.hosts[0].pci) == 9
-    assert (cfg.hosts[1].cpu, cfg.hosts[1].memory_kb, cfg.hosts[1].pci[0].device) == (800, 2048 * 1024, "20b5")
+    custom = cfg.hosts[1]
+    assert (custom.cpu, custom.memory_kb, custom.pci[0].device) == (800, 2048 * 1024, "20b5")
     assert [(t.id, t.name) for t in cfg.templates] == [(7, "tiny")]
 
 
@@ -132,7 +135,9 @@ def test_template_xml_form() -> None:
     assert parse_template("") == {}
 
 
-@pytest.mark.parametrize("text", ['A = "open', "A B", "= 1", "V = [ A = 1 B = 2 ]", "<TEMPLATE><A></TEMPLATE>"])
+@pytest.mark.parametrize("text", [
+    'A = "open', "A B", "= 1", "V = [ A = 1 B = 2 ]", "<TEMPLATE><A></TEMPLATE>",
+])
 def test_template_syntax_errors(text: str) -> None:
     with pytest.raises(TemplateSyntaxError):
         parse_template(text)
@@ -141,10 +146,12 @@ def test_template_syntax_errors(text: str) -> None:
 def test_merge_replaces_attributes_wholesale_as_oned_does() -> None:
     base = parse_template('CPU = 1\nCONTEXT = [ A = 1, B = 2 ]\nNIC = [ NETWORK = a ]\nNIC = [ NETWORK = b ]')
     extra = parse_template('CONTEXT = [ C = 3 ]\nNIC = [ NETWORK = c ]\nX = y')
-    assert merge(base, extra) == {"CPU": ["1"], "CONTEXT": [{"C": "3"}], "NIC": [{"NETWORK": "c"}], "X": ["y"]}
+    expected = {"CPU": ["1"], "CONTEXT": [{"C": "3"}], "NIC": [{"NETWORK": "c"}], "X": ["y"]}
+    assert merge(base, extra) == expected
     assert "CONTEXT" not in merge(base, parse_template("CONTEXT = [ ]"))
 
 
 def test_split_puts_vm_attributes_in_template_and_the_rest_in_user_template() -> None:
-    vm, user = split_vm_template(parse_template('CPU = 1\nPCI = [ VENDOR = 10de ]\nSLURM_NODE = n\nLABELS = a'))
+    text = 'CPU = 1\nPCI = [ VENDOR = 10de ]\nSLURM_NODE = n\nLABELS = a'
+    vm, user = split_vm_template(parse_template(text))
     assert set(vm) == {"CPU", "PCI"} and set(user) == {"SLURM_NODE", "LABELS"}

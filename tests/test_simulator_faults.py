@@ -173,5 +173,5 @@ def test_fault_settings_are_validated(sim: Simulator) -> None:
         sim.set_faults(transient_rate=2.0)
     with pytest.raises(ConfigError, match="transient_kinds"):
         sim.set_faults(transient_kinds=("timeout",))
-    with pytest.raises(ConfigError, match="durations.boot"):
+    with pytest.raises(ConfigError, match=r"durations\.boot"):
         sim.set_durations(boot=-1)

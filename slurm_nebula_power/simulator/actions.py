@@ -17,7 +17,8 @@ _FAIL_TO = {
     S.PROLOG: (S.ACTIVE, S.PROLOG_FAILURE), S.BOOT: (S.ACTIVE, S.BOOT_FAILURE),
     S.BOOT_POWEROFF: (S.POWEROFF, S.LCM_INIT), S.BOOT_SUSPENDED: (S.SUSPENDED, S.LCM_INIT),
     S.BOOT_UNKNOWN: (S.ACTIVE, S.UNKNOWN), S.BOOT_STOPPED: (S.ACTIVE, S.BOOT_STOPPED_FAILURE),
-    S.BOOT_UNDEPLOY: (S.ACTIVE, S.BOOT_UNDEPLOY_FAILURE), S.PROLOG_RESUME: (S.ACTIVE, S.PROLOG_RESUME_FAILURE),
+    S.BOOT_UNDEPLOY: (S.ACTIVE, S.BOOT_UNDEPLOY_FAILURE),
+    S.PROLOG_RESUME: (S.ACTIVE, S.PROLOG_RESUME_FAILURE),
     S.PROLOG_UNDEPLOY: (S.ACTIVE, S.PROLOG_UNDEPLOY_FAILURE), S.SHUTDOWN: (S.ACTIVE, S.RUNNING),
     S.SHUTDOWN_POWEROFF: (S.ACTIVE, S.RUNNING), S.SHUTDOWN_UNDEPLOY: (S.ACTIVE, S.RUNNING),
     S.SAVE_STOP: (S.ACTIVE, S.RUNNING), S.SAVE_SUSPEND: (S.ACTIVE, S.RUNNING),
@@ -178,18 +179,20 @@ _HANDLERS: dict[str, Callable[[Cloud, Vm, bool], str | None]] = {
 }
 assert set(_HANDLERS) == set(S.ACTIONS)
 
-RECOVER_FAILURE, RECOVER_SUCCESS, RECOVER_RETRY, RECOVER_DELETE, RECOVER_RECREATE, RECOVER_DELETE_DB = range(6)
+RECOVER_FAILURE, RECOVER_SUCCESS, RECOVER_RETRY = 0, 1, 2
+RECOVER_DELETE, RECOVER_RECREATE, RECOVER_DELETE_DB = 3, 4, 5
 
 
 def vm_recover(cloud: Cloud, vm_id: int, op: int) -> int:
-    """Perform one.vm.recover with op 0 failure, 1 success, 2 retry, 3 delete, 4 delete-recreate, 5 delete-db."""
+    """one.vm.recover: op 0 failure, 1 success, 2 retry, 3 delete, 4 delete-recreate, 5 delete-db."""
     vm = _get(cloud, vm_id)
     if vm.lock is not None:
         raise OneError(S.LOCKED, "", vm_id)
     name = S.state_str(vm.state, vm.lcm)
     if op in (RECOVER_FAILURE, RECOVER_SUCCESS):
         if vm.state != S.ACTIVE:
-            raise OneError(S.ACTION, f"Could not perform a recover operation on VM {vm_id}, wrong state {name}.")
+            raise OneError(S.ACTION,
+                           f"Could not perform a recover operation on VM {vm_id}, wrong state {name}.")
         _recover_active(cloud, vm, op == RECOVER_SUCCESS)
     elif op == RECOVER_RETRY:
         if vm.state != S.ACTIVE:

@@ -20,12 +20,14 @@ log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slurm-nebula-power simulator",
-                                description="Serve a simulated OpenNebula XML-RPC API (oned) on a loopback address.")
+    p = argparse.ArgumentParser(
+        prog="slurm-nebula-power simulator",
+        description="Serve a simulated OpenNebula XML-RPC API (oned) on a loopback address.",
+    )
     p.add_argument("--listen", default="127.0.0.1:2633", help="ADDRESS:PORT in 127.0.0.0/8; port 0 picks one")
     p.add_argument("--auth", default="oneadmin:secret", help="the only accepted session, user:password")
     p.add_argument("--config", help="sim.toml with hosts, templates, network, durations and faults")
-    p.add_argument("--on-running", help="command run when a VM reaches RUNNING (split like a shell, no shell)")
+    p.add_argument("--on-running", help="command run when a VM reaches RUNNING (shlex-split, no shell)")
     p.add_argument("--on-stopped", help="command run when a VM leaves RUNNING")
     p.add_argument("--seed", type=int, help="seed for every injected fault")
     p.add_argument("--latency-ms", type=float, help="added to every call")
@@ -35,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stuck-pending-rate", type=float, help="share of VMs that never leave PENDING")
     for phase in ("prolog", "boot", "shutdown", "epilog"):
         p.add_argument(f"--{phase}-seconds", type=float, help=f"duration of each {phase} phase")
-    p.add_argument("--list-order", choices=("ASC", "DESC"), default="DESC", help="pool order (oned API_LIST_ORDER)")
+    p.add_argument("--list-order", choices=("ASC", "DESC"), default="DESC",
+                   help="pool order (oned API_LIST_ORDER)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     return p
 
@@ -46,7 +49,8 @@ def build_config(args: argparse.Namespace) -> SimConfig:
     faults = {name: getattr(args, name) for name in ("latency_ms", "latency_jitter_ms", "transient_rate",
                                                      "boot_failure_rate", "stuck_pending_rate")
               if getattr(args, name) is not None}
-    durations = {phase: getattr(args, f"{phase}_seconds") for phase in ("prolog", "boot", "shutdown", "epilog")
+    phases = ("prolog", "boot", "shutdown", "epilog")
+    durations = {phase: getattr(args, f"{phase}_seconds") for phase in phases
                  if getattr(args, f"{phase}_seconds") is not None}
     changes: dict[str, object] = {
         "faults": dataclasses.replace(cfg.faults, **faults),

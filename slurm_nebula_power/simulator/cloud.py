@@ -95,7 +95,7 @@ class Cloud:
     # ------------------------------------------------------------------ allocation
     def locked_allocate(self, template_id: int, name: str, hold: bool, extra: Template, user: User,
                         state: int = S.PENDING) -> Vm:
-        """Create a VM from a template merged with `extra`, leasing its IPs now (oned leases at allocation)."""
+        """Create a VM from a template merged with `extra`; its IPs are leased now, as oned does."""
         if template_id not in self.templates:
             raise OneError(S.NO_EXISTS, "", template_id, obj="virtual machine template")
         spec, base = self.templates[template_id]
@@ -118,7 +118,7 @@ class Cloud:
 
     def _draw(self, what: str, vm_id: int, attempt: int) -> float:
         # One generator per decision: repeatable for a given seed whatever order threads ask in.
-        return random.Random(f"{self.cfg.seed}:{what}:{vm_id}:{attempt}").random()
+        return random.Random(f"{self.cfg.seed}:{what}:{vm_id}:{attempt}").random()  # noqa: S311 - a simulation
 
     # ------------------------------------------------------------------ state changes
     def locked_set_state(self, vm: Vm, state: int, lcm: int = S.LCM_INIT, at: float | None = None) -> None:

@@ -156,9 +156,10 @@ def _validate(cfg: SimConfig, where: str) -> None:
     try:
         net = ipaddress.ip_network(cfg.network.cidr, strict=False)
     except ValueError as exc:
-        raise ConfigError(f"{where}: network.cidr {cfg.network.cidr!r} is not an IPv4 network: {exc}") from None
+        raise ConfigError(f"{where}: network.cidr {cfg.network.cidr!r} is not an IPv4 network: {exc}") \
+            from None
     if net.version != 4 or net.num_addresses < 4:
-        raise ConfigError(f"{where}: network.cidr {cfg.network.cidr!r} must be an IPv4 network of 4+ addresses")
+        raise ConfigError(f"{where}: network.cidr {cfg.network.cidr!r} must be IPv4 with 4+ addresses")
     for name, value in dataclasses.asdict(cfg.durations).items():
         if value < 0:
             raise ConfigError(f"{where}: durations.{name} must be >= 0 seconds, not {value}")
@@ -168,7 +169,8 @@ def _validate(cfg: SimConfig, where: str) -> None:
             raise ConfigError(f"{where}: faults.{name} must be between 0 and 1, not {rate}")
     bad_kinds = set(cfg.faults.transient_kinds) - set(TRANSIENT_KINDS)
     if bad_kinds or not cfg.faults.transient_kinds:
-        raise ConfigError(f"{where}: faults.transient_kinds must be a non-empty subset of {list(TRANSIENT_KINDS)}")
+        raise ConfigError(
+            f"{where}: faults.transient_kinds must be a non-empty subset of {list(TRANSIENT_KINDS)}")
     if cfg.tick_seconds <= 0:
         raise ConfigError(f"{where}: tick_seconds must be > 0")
     if len({h.name for h in cfg.hosts}) != len(cfg.hosts):
@@ -261,7 +263,8 @@ def _pci(entry: Any, where: str, label: str) -> PciDevice:
         raise ConfigError(f"{where}: {label} needs a short_address such as \"41:00.0\"")
     if "class" in table:
         table["klass"] = table.pop("class")
-    return _section(PciDevice, table, where, label)
+    device: PciDevice = _section(PciDevice, table, where, label)
+    return device
 
 
 def _template(entry: Any, where: str, index: int) -> TemplateSpec:

@@ -130,7 +130,8 @@ class Simulator:
         host = self.cloud.hosts[vm.host_id].name if vm.host_id is not None else None
         return VmSnapshot(
             id=vm.id, name=vm.name, uid=vm.uid, gid=vm.gid, state=vm.state, lcm_state=vm.lcm,
-            state_name=S.STATE_NAMES.get(vm.state, str(vm.state)), lcm_name=S.LCM_NAMES.get(vm.lcm, str(vm.lcm)),
+            state_name=S.STATE_NAMES.get(vm.state, str(vm.state)),
+            lcm_name=S.LCM_NAMES.get(vm.lcm, str(vm.lcm)),
             state_str=S.state_str(vm.state, vm.lcm), host=host, ip=vm.ips[0] if vm.ips else None,
             ips=tuple(vm.ips), user_template=to_plain(vm.user_template), template=to_plain(vm.template),
             pci=tuple(f"0000:{a}" for a in vm.pci_held), stime=vm.stime, etime=vm.etime,
@@ -143,11 +144,14 @@ class Simulator:
             out = []
             for h in self.cloud.hosts:
                 devices = {s.address: (s.vmid if s.vmid >= 0 else None) for s in h.pci}
-                gpus = {s.address: (s.vmid if s.vmid >= 0 else None) for s in h.pci if s.spec.klass[:2] == "03"}
+                # PCI class 03xx is a display controller: a GPU
+                gpus = {s.address: devices[s.address] for s in h.pci if s.spec.klass.startswith("03")}
                 out.append(HostSnapshot(
-                    id=h.id, name=h.name, gpus_total=len(gpus), gpus_free=sum(v is None for v in gpus.values()),
+                    id=h.id, name=h.name, gpus_total=len(gpus),
+                    gpus_free=sum(v is None for v in gpus.values()),
                     devices=devices, gpu_holders=gpus, cpu_total=h.max_cpu, cpu_free=h.max_cpu - h.used_cpu,
-                    memory_total_kb=h.max_mem, memory_free_kb=h.max_mem - h.used_mem, vms=tuple(sorted(h.vms)),
+                    memory_total_kb=h.max_mem, memory_free_kb=h.max_mem - h.used_mem,
+                    vms=tuple(sorted(h.vms)),
                 ))
             return out
 
@@ -195,7 +199,8 @@ class Simulator:
                uid: int = 0, template_id: int = 0, host: str | None = None) -> int:
         """Inject a VM already in `state` (a STATE or an LCM name), holding host resources as such a VM would.
 
-        Its user_template keys are given as an instantiate extra template would give them. No hook runs for it.
+        Its user_template keys are given as an instantiate extra template would give them.
+        No hook runs for it.
         """
         extra: Template = {k.upper(): [str(v)] for k, v in (user_template or {}).items()}
         with self.cloud.lock:

@@ -97,9 +97,10 @@ class PciSlot:
         """HostSharePCI's rule: every given VENDOR/DEVICE/CLASS (hex) or SHORT_ADDRESS must match."""
         if request.get("SHORT_ADDRESS"):
             return request["SHORT_ADDRESS"].lower() == self.spec.short_address.lower()
-        for key, mine in (("VENDOR", self.spec.vendor), ("DEVICE", self.spec.device), ("CLASS", self.spec.klass)):
+        mine = {"VENDOR": self.spec.vendor, "DEVICE": self.spec.device, "CLASS": self.spec.klass}
+        for key, have in mine.items():
             wanted = request.get(key, "")
-            if wanted and int(wanted, 16) != int(mine, 16):
+            if wanted and int(wanted, 16) != int(have, 16):
                 return False
         return True
 
@@ -129,7 +130,8 @@ class Host:
             return None
         chosen: list[PciSlot] = []
         for request in vm.pci_requests:
-            slot = next((s for s in self.pci if s.vmid == -1 and s not in chosen and s.matches(request)), None)
+            free = (s for s in self.pci if s.vmid == -1 and s not in chosen and s.matches(request))
+            slot = next(free, None)
             if slot is None:
                 return None
             chosen.append(slot)

@@ -161,15 +161,15 @@ class Api:
     def vmpool_info(self, user: User, who: int, start: int, end: int, state: int, query: str = "") -> str:
         """one.vmpool.info: short bodies."""
         with self.cloud.lock:
-            return "<VM_POOL>" + "".join(map(self.xml.short, self._select(user, who, start, end, state, query))) \
-                + "</VM_POOL>"
+            chosen = self._select(user, who, start, end, state, query)
+            return "<VM_POOL>" + "".join(map(self.xml.short, chosen)) + "</VM_POOL>"
 
     def vmpool_infoextended(self, user: User, who: int, start: int, end: int, state: int,
                             query: str = "") -> str:
         """one.vmpool.infoextended: full bodies."""
         with self.cloud.lock:
-            return "<VM_POOL>" + "".join(map(self.xml.full, self._select(user, who, start, end, state, query))) \
-                + "</VM_POOL>"
+            chosen = self._select(user, who, start, end, state, query)
+            return "<VM_POOL>" + "".join(map(self.xml.full, chosen)) + "</VM_POOL>"
 
     def _select(self, user: User, who: int, start: int, end: int, state: int, query: str) -> list[Vm]:
         if who < -4:
@@ -210,7 +210,8 @@ class Api:
                     out.append(vmtemplate_xml(spec, tmpl, self.cloud.regtime))
             return "<VMTEMPLATE_POOL>" + "".join(out) + "</VMTEMPLATE_POOL>"
 
-    def template_info(self, user: User, template_id: int, extended: bool = False, decrypt: bool = False) -> str:
+    def template_info(self, user: User, template_id: int, extended: bool = False,
+                      decrypt: bool = False) -> str:
         """one.template.info: one <VMTEMPLATE>."""
         with self.cloud.lock:
             if template_id not in self.cloud.templates:
@@ -280,11 +281,13 @@ def _term_matches(vm: Vm, term: str) -> bool:
 
 def _check_params(method: str, params: tuple[Any, ...], required: str, optional: str) -> None:
     if len(params) < len(required) or len(params) > len(required) + len(optional):
-        raise xmlrpc.client.Fault(FAULT_TYPE, f"Type mismatch: {method} takes {len(required)} to "
-                                              f"{len(required) + len(optional)} parameters, got {len(params)}")
+        most = len(required) + len(optional)
+        raise xmlrpc.client.Fault(FAULT_TYPE, f"Type mismatch: {method} takes {len(required)} to {most} "
+                                              f"parameters, got {len(params)}")
     for index, (value, kind) in enumerate(zip(params, required + optional, strict=False)):
         ok = {"s": isinstance(value, str), "b": isinstance(value, bool),
               "i": isinstance(value, int) and not isinstance(value, bool)}[kind]
         if not ok:
             wanted = {"s": "string", "b": "boolean", "i": "integer"}[kind]
-            raise xmlrpc.client.Fault(FAULT_TYPE, f"Type mismatch: parameter {index} of {method} must be {wanted}")
+            raise xmlrpc.client.Fault(FAULT_TYPE,
+                                      f"Type mismatch: parameter {index} of {method} must be {wanted}")

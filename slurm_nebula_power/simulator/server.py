@@ -45,19 +45,19 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     server_version = "xmlrpc-c/1.51 (nebula-simulator)"
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         if self.path not in ("/RPC2", "/"):
             self._plain(404, "no XML-RPC endpoint here; use /RPC2\n")
             return
         length = int(self.headers.get("Content-Length") or 0)
         try:
             params, method = xmlrpc.client.loads(self.rfile.read(length))
-        except Exception:  # noqa: BLE001 - any malformed body gets the same answer
+        except Exception:  # any malformed body gets the same answer
             self._plain(400, "malformed XML-RPC request\n")
             return
         self.server.rpc.serve(self, method or "", params)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._plain(405, "XML-RPC needs POST\n")
 
     def _plain(self, code: int, body: str) -> None:
@@ -84,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
 
@@ -139,7 +139,7 @@ class RpcServer:
         self.api.count(method)
         with self._lock:
             self._call_seq += 1
-            draw = random.Random(f"{self.cloud.cfg.seed}:call:{self._call_seq}")
+            draw = random.Random(f"{self.cloud.cfg.seed}:call:{self._call_seq}")  # noqa: S311 - simulation
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

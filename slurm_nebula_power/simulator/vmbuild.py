@@ -67,7 +67,8 @@ def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, t
         request["PCI_ID"] = str(index)
     if pci:
         vm_tmpl["PCI"] = list(pci)
-    requests = [{k: v for k, v in p.items() if k in ("VENDOR", "DEVICE", "CLASS", "SHORT_ADDRESS")} for p in pci]
+    wanted = ("VENDOR", "DEVICE", "CLASS", "SHORT_ADDRESS")
+    requests = [{k: v for k, v in p.items() if k in wanted} for p in pci]
     return Built(vm_tmpl, user_tmpl, cpu_units, memory_kb, requests, leased)
 
 
