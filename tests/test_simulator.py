@@ -130,6 +130,16 @@ def test_vmpool_fifth_argument_matches_user_template_values(one: pyone.OneServer
     assert one.vmpool.info(-2, -1, -1, -1, "SLURM_NODE=n3").VM == []
 
 
+@pytest.mark.parametrize(("query", "matches"), [
+    ("VM.NAME=a", True), ("NAME=b", False), ("VM.USER_TEMPLATE.SLURM_NODE=n1", True),
+    ("VM.TEMPLATE.SLURM_NODE=n1", False), ("VM.TEMPLATE.NIC[*].IP=127.0.1.1", True),
+    ("VM.TEMPLATE.NIC.IP=127.0.1.2", False), ("VM.TEMPLATE.CPU=4", True), ("ID=0", True), ("a", True),
+])
+def test_vmpool_fifth_argument_search_paths(one: pyone.OneServer, query: str, matches: bool) -> None:
+    one.template.instantiate(1, "a", True, 'SLURM_NODE = "n1"', False)
+    assert len(one.vmpool.info(-2, -1, -1, -1, query).VM) == int(matches)
+
+
 @pytest.mark.parametrize(("who", "state", "message"), [
     (-5, -1, "[one.vmpool.info] Incorrect filter_flag"),
     (-2, -3, "[one.vmpool.info] Incorrect filter_flag, state"),
