@@ -208,7 +208,8 @@ def vm_recover(cloud: Cloud, vm_id: int, op: int) -> int:
             cloud.locked_done(vm)
     else:
         raise OneError(S.ACTION, "Wrong recovery operation code")
-    cloud.locked_record_action(vm, {3: "delete", 4: "delete-recreate"}.get(op, "none"))
+    if op in (RECOVER_DELETE, RECOVER_RECREATE):
+        cloud.locked_record_action(vm, "delete" if op == RECOVER_DELETE else "delete-recreate")
     return vm_id
 
 

@@ -18,7 +18,7 @@ from slurm_nebula_power.simulator import states as S
 from slurm_nebula_power.simulator.config import Durations, Faults, SimConfig
 from slurm_nebula_power.simulator.model import History, Host, IpPool, PciSlot, Vm
 from slurm_nebula_power.simulator.states import OneError
-from slurm_nebula_power.simulator.templates import Template, first, parse_template
+from slurm_nebula_power.simulator.templates import Template, parse_template
 from slurm_nebula_power.simulator.vmbuild import (
     BuildError,
     assign_pci,
@@ -318,7 +318,3 @@ class Cloud:
         if uid == 0:
             return ONEADMIN
         return User(uid, 1, f"user{uid}", "users")
-
-    def first_ip(self, vm: Vm) -> str:
-        """The VM's first NIC address, or ''."""
-        return vm.ips[0] if vm.ips else first(vm.template, "IP")
