@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from slurm_nebula_power.simulator.server import RpcServer
 from slurm_nebula_power.simulator.templates import Template, to_plain
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,12 @@ class Simulator:
 
     def _tick_loop(self) -> None:
         while not self._stop_ticking.is_set():
-            events = self.cloud.tick()
-            if events and self.hooks.enabled:
-                self.hooks.submit(events)
+            try:
+                events = self.cloud.tick()
+                if events and self.hooks.enabled:
+                    self.hooks.submit(events)
+            except Exception:  # a simulator bug must show, and time must keep going
+                log.exception("simulator tick failed")
             self._stop_ticking.wait(self.cfg.tick_seconds)
 
     # ------------------------------------------------------------------ inspection

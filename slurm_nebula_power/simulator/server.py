@@ -176,6 +176,11 @@ class RpcServer:
             except xmlrpc.client.Fault as fault:
                 handler.reply(xmlrpc.client.dumps(fault, methodresponse=True).encode())
                 return
+            except Exception as exc:  # a simulator bug: say so loudly rather than drop the connection
+                log.exception("simulator failed serving %s", method)
+                bug = xmlrpc.client.Fault(-500, f"simulator bug serving {method}: {exc!r}")
+                handler.reply(xmlrpc.client.dumps(bug, methodresponse=True).encode())
+                return
         handler.reply(xmlrpc.client.dumps((value,), methodresponse=True).encode())
 
     def stats(self) -> dict[str, Any]:
