@@ -70,3 +70,17 @@ def test_bad_config_is_config_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     sim_toml.write_text("[faults]\nlatencyms = 3\n")
     assert main(["--listen", "127.0.0.1:0", "--config", str(sim_toml)]) == 3
     assert "unknown key faults.latencyms" in capsys.readouterr().err
+
+
+def test_verbose_logs_each_request_to_stderr() -> None:
+    proc = _start("--listen", "127.0.0.1:0", "-v")
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        endpoint = proc.stdout.readline().strip()
+        pyone.OneServer(endpoint, session="oneadmin:secret").system.version()
+        proc.terminate()
+        assert proc.wait(10) == 0
+        assert '"POST /RPC2 HTTP/1.1" 200' in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -68,7 +68,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulator; return 0 after SIGTERM/SIGINT, 2 for a bad command line, 3 for a bad sim.toml."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s simulator[%(process)d] %(levelname)s %(message)s")
     host, sep, port_text = args.listen.rpartition(":")
     if not sep or not port_text.isdigit():
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simulator: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        sim = Simulator(cfg, args.auth, host, int(port_text), args.list_order)
+        sim = Simulator(cfg, args.auth, host, int(port_text), args.list_order, log_requests=args.verbose)
     except (ValueError, OSError) as exc:
         print(f"simulator: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return EXIT_USAGE

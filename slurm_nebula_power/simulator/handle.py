@@ -69,14 +69,14 @@ class Simulator:
     """A running simulator: its endpoint and the knobs tests turn."""
 
     def __init__(self, cfg: SimConfig | None = None, auth: str = "oneadmin:secret", host: str = "127.0.0.1",
-                 port: int = 0, list_order: str = "DESC") -> None:
+                 port: int = 0, list_order: str = "DESC", log_requests: bool = False) -> None:
         if ":" not in auth:
             raise ValueError("auth must be user:password")
         self.cfg = cfg or SimConfig()
         self.auth = auth
         self.cloud = Cloud(self.cfg)
         self.api = Api(self.cloud, auth, list_order)
-        self.server = RpcServer(self.cloud, self.api, host, port)
+        self.server = RpcServer(self.cloud, self.api, host, port, log_requests)
         self.hooks = HookRunner(self.cfg.on_running, self.cfg.on_stopped)
         self._stop_ticking = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, name="sim-tick", daemon=True)

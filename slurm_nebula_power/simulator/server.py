@@ -85,15 +85,17 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        if self.server.rpc.log_requests:  # off by default: in-process runs share the caller's log
+            log.info("%s %s", self.address_string(), format % args)
 
 
 class RpcServer:
     """The listening socket, the per-call fault injection, and the threads that serve and tick."""
 
-    def __init__(self, cloud: Cloud, api: Api, host: str, port: int) -> None:
+    def __init__(self, cloud: Cloud, api: Api, host: str, port: int, log_requests: bool = False) -> None:
         self.cloud = cloud
         self.api = api
+        self.log_requests = log_requests
         self.httpd = _HttpServer((check_loopback(host), port), _Handler)
         self.httpd.rpc = self
         self.stopping = threading.Event()
