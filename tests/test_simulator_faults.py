@@ -144,11 +144,10 @@ def test_hang_holds_calls_until_released(sim: Simulator) -> None:
     assert result == ["6.10.0"]
 
 
-def test_64_clients_are_served_in_parallel(sim: Simulator) -> None:
-    sim.set_faults(latency_ms=300)
-    barrier = threading.Barrier(64)
+def _clients(sim: Simulator, count: int) -> tuple[list[threading.Thread], list[int]]:
     answers: list[int] = []
     lock = threading.Lock()
+    barrier = threading.Barrier(count)
 
     def client(index: int) -> None:
         one = pyone.OneServer(sim.endpoint, session=sim.auth)
@@ -157,13 +156,30 @@ def test_64_clients_are_served_in_parallel(sim: Simulator) -> None:
         with lock:
             answers.append(vm_id)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(64)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(count)]
     for thread in threads:
         thread.start()
+    return threads, answers
+
+
+def test_64_clients_are_served_in_parallel(sim: Simulator) -> None:
+    sim.set_faults(hang=True)  # every call waits inside the server until released
+    threads, answers = _clients(sim, 64)
+    sim.wait_for(lambda: sim.server.in_flight == 64, 20)
+    assert answers == []
+    sim.set_faults(hang=False)
     for thread in threads:
-        thread.join(30)
+        thread.join(20)
     assert sorted(answers) == list(range(64))
-    assert sim.stats()["max_in_flight"] == 64, "all 64 calls were inside the server at the same time"
+
+
+def test_slow_calls_overlap(sim: Simulator) -> None:
+    sim.set_faults(latency_ms=500)
+    threads, answers = _clients(sim, 64)
+    for thread in threads:
+        thread.join(60)
+    assert sorted(answers) == list(range(64))
+    assert sim.stats()["max_in_flight"] == 64, "all 64 slow calls were inside the server at the same time"
 
 
 def test_fault_settings_are_validated(sim: Simulator) -> None:
