@@ -169,3 +169,13 @@ def test_add_vm_holds_resources_like_a_vm_in_that_state(sim: Simulator, one: pyo
                                                                                   "gpu-host-01")
     parked = sim.add_vm(name="parked", state="UNDEPLOYED")
     assert sim.vm(parked).host is None and _gpus_free(sim) == 1
+
+
+def test_add_vm_without_room_fails_and_leaves_nothing_behind(sim: Simulator) -> None:
+    sim.add_vm(name="a", state="RUNNING")
+    sim.add_vm(name="b", state="RUNNING")
+    with pytest.raises(ValueError, match="no capacity"):
+        sim.add_vm(name="c", state="RUNNING")
+    assert [vm.name for vm in sim.vms()] == ["a", "b"]
+    assert sim.add_vm(name="d", state="PENDING") == 3
+    assert sim.vm(3).ip == "127.0.1.3", "the failed VM's lease went back"

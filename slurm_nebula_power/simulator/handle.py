@@ -211,7 +211,13 @@ class Simulator:
         with self.cloud.lock:
             vm = self.cloud.locked_allocate(template_id, name, False, extra, self.cloud.user_for(uid),
                                             state=S.INIT)
-            self._force(vm, state, host)
+            try:
+                self._force(vm, state, host)
+            except ValueError:  # no such state or no room: the VM never existed
+                for ip in vm.ips:
+                    self.cloud.ips.release(ip)
+                del self.cloud.vms[vm.id]
+                raise
             self.cloud.events = [e for e in self.cloud.events if e.vm_id != vm.id]
             return vm.id
 
@@ -220,7 +226,10 @@ class Simulator:
         if lcm not in S.LCM_BY_NAME:
             raise ValueError(f"unknown LCM state {lcm!r}")
         with self.cloud.lock:
-            self._force(self.cloud.vms[vm_id], lcm, None)
+            vm = self.cloud.vms[vm_id]
+            if vm.state == S.DONE:
+                raise ValueError(f"VM {vm_id} is DONE")
+            self._force(vm, lcm, None)
 
     def _force(self, vm: Vm, state: str, host: str | None) -> None:
         cloud = self.cloud
