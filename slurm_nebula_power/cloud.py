@@ -234,7 +234,7 @@ class OneCloud:
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(TransientCloudError) if retry else tenacity.retry_never,
             stop=tenacity.stop_after_delay(budget),
-            wait=tenacity.wait_exponential_jitter(initial=0.2, max=5.0, jitter=0.5),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0) + tenacity.wait_random(0, 0.5),
             sleep=self.sleep,
             reraise=True,
             before_sleep=self._before_sleep(what),

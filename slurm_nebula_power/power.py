@@ -515,6 +515,8 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
                 continue
             for task in tasks:
                 task.vm = snapshot.get(task.vm.id, _gone(task.vm))
+                if ctx.on_vm is not None:
+                    ctx.on_vm(task.node, task.vm)
     failed = set(outcome.failed_nodes)
     outcome.done.extend(n for n in wanted if n not in failed and n not in outcome.done)
     return outcome
@@ -530,7 +532,10 @@ def _step_down(ctx: Context, task: _Down, escalate: bool, force: bool, last: boo
     action = next_down_action(task.action, vm, escalate)
     if force and last and task.action == "terminate":
         action = "recover-delete"
-    if action is None or action == task.issued:
+    if action is None:
+        log.debug("node=%s vm=%d in %s: waiting until it can be acted on", task.node, vm.id, vm.state_name)
+        return
+    if action == task.issued:
         return
     try:
         if action == "recover-delete":

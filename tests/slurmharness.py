@@ -234,6 +234,11 @@ class SlurmCluster:
     real_memory: int = 100
     node_extra: str = ""  # appended to every NodeName line, e.g. "Feature=gpu"
     extra_conf: str = ""  # appended to slurm.conf
+    # AuthInfo cred_expire: also the delay before a requeued batch job may start again (Slurm: 120 s).
+    cred_expire: int | None = 10
+    slurmctld_parameters: Sequence[str] = ()  # added to idle_on_node_suspend,power_save_interval=1
+    # SchedulerParameters sched_interval (Slurm: 60 s): how soon a requeued job is looked at again.
+    sched_interval: int | None = 2
     timeout: float = 30.0  # bound for one command (scontrol, sbatch, a daemon start)
     binaries: dict[str, str] = field(default_factory=find_binaries)
     extra_logs: dict[str, Path] = field(default_factory=dict)
@@ -314,7 +319,8 @@ class SlurmCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={b}/munge/munge.socket",
+            f"AuthInfo=socket={b}/munge/munge.socket"
+            + (f",cred_expire={self.cred_expire}" if self.cred_expire else ""),
             f"SlurmctldPort={ctld_port}",
             f"StateSaveLocation={b}/state",
             f"SlurmdSpoolDir={b}/spool/%n",
@@ -342,8 +348,11 @@ class SlurmCluster:
             f"ResumeTimeout={self.resume_timeout}",
             "ResumeRate=0",
             "SuspendRate=0",
-            "SlurmctldParameters=idle_on_node_suspend,power_save_interval=1",
+            "SlurmctldParameters=" + ",".join(
+                ["idle_on_node_suspend", "power_save_interval=1", *self.slurmctld_parameters]),
         ]
+        if self.sched_interval:
+            lines.append(f"SchedulerParameters=sched_interval={self.sched_interval}")
         for key, value in (
             ("ResumeProgram", self.resume_program),
             ("SuspendProgram", self.suspend_program),
@@ -554,18 +563,22 @@ class SlurmCluster:
     def _write_prolog(self) -> Path:
         # PrologSlurmctld gets SLURM_JOB_ID and SLURM_JOB_NODELIST but no PATH. It returns once every node
         # of the job is up, so the job starts now rather than at slurmctld's next 30 s scheduling pass.
-        # It gives up (exit 0) when the job leaves CONFIGURING (requeued, cancelled) or after the bound.
+        # It must also return when the job leaves CONFIGURING (requeued after a failed resume): slurmctld
+        # does not stop it, and the requeued job stays PENDING "Cleaning" until the old prolog ends.
         body = f'''
 import os, subprocess, time
 env = dict(os.environ, SLURM_CONF={str(self.conf)!r})
 nodes = os.environ.get("SLURM_JOB_NODELIST", "")
 job = os.environ.get("SLURM_JOB_ID", "")
+def out(*argv):
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=10).stdout.split()
 deadline = time.monotonic() + {self.resume_timeout + 30}
 while nodes and time.monotonic() < deadline:
-    out = subprocess.run([{self.binaries["sinfo"]!r}, "-h", "-N", "-n", nodes, "-o", "%T"], env=env,
-                         capture_output=True, text=True, timeout=10).stdout.split()
-    if out and not any(c in s for s in out for c in "~#%!*") and not any(
-            s.startswith(("down", "drain", "fail")) for s in out):
+    states = out({self.binaries["sinfo"]!r}, "-h", "-N", "-n", nodes, "-o", "%T")
+    if states and not any(c in s for s in states for c in "~#%!*") and not any(
+            s.startswith(("down", "drain", "fail")) for s in states):
+        break
+    if out({self.binaries["squeue"]!r}, "-h", "-j", job, "-o", "%T") != ["CONFIGURING"]:
         break
     time.sleep(0.2)
 '''

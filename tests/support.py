@@ -17,6 +17,8 @@ import json, os, sys
 here = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(here, "scontrol.calls.jsonl"), "a") as out:
     out.write(json.dumps(sys.argv[1:]) + "\\n")
+with open("/proc/self/status") as status, open(os.path.join(here, "scontrol.sigblk"), "w") as out:
+    out.write([l.split()[1] for l in status if l.startswith("SigBlk:")][0])
 if sys.argv[1:] == ["--version"]:
     print(open(os.path.join(here, "scontrol.version")).read().strip())
 elif sys.argv[1:3] == ["show", "node"]:
@@ -124,3 +126,4 @@ def run_env(setup: Setup) -> dict[str, str]:
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
+

@@ -56,3 +56,29 @@ def test_stop_ends_every_process_it_started(slurm_factory) -> None:
         int((cluster.run_dir / f).read_text()) for f in ("slurmctld.pid", "munged.pid")]
     cluster.stop()
     wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 10, "daemons gone")
+
+
+FAIL_FIRST_THEN_BOOT = """
+if not os.path.exists(RECORD + ".failed"):
+    open(RECORD + ".failed", "w").close()
+    scontrol("update", "NodeName=" + ",".join(HOSTS), "State=POWER_DOWN_FORCE", "Reason=test: no GPU")
+else:
+    boot(HOSTS, ["127.0.1.1"])
+"""
+
+
+@pytest.mark.slurm
+def test_power_down_force_with_reason_hands_a_node_back_at_once(slurm_factory, tmp_path) -> None:
+    """The fail-fast hand-back our resume relies on (Slurm 22.05; see docs/SLURM-FINDINGS.md)."""
+    resume = recording_program(tmp_path / "resume", tmp_path / "resume.jsonl", action=FAIL_FIRST_THEN_BOOT)
+    suspend = recording_program(tmp_path / "suspend", tmp_path / "suspend.jsonl")
+    cluster: SlurmCluster = slurm_factory(nodes=["cloud1"], resume_program=resume, suspend_program=suspend,
+                                          resume_timeout=120)
+    job = cluster.sbatch(nodes=1)
+    # Requeued now, not at ResumeTimeout; the reason stays visible; SuspendProgram runs for the node.
+    cluster.wait_for(lambda: cluster.job_info(job).get("Restarts") == "1", 15, "job requeued")
+    assert cluster.node_info("cloud1")["Reason"].startswith("test: no GPU [")
+    cluster.wait_for(lambda: cluster.read_jsonl(tmp_path / "suspend.jsonl"), 10, "SuspendProgram called")
+    # After SuspendTimeout the node is resumed again for the requeued job, which then completes.
+    cluster.wait_job(job, ["COMPLETED"], timeout=40)
+    assert cluster.node_info("cloud1")["Reason"] == "None"  # cleared when the node registered

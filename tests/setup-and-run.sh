@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install everything the tests need on a fresh Debian machine (as root), then run the whole suite.
+#   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
+#   private network namespace). Python: this package with its test extra, in ./.venv.
+# Extra arguments go to pytest, e.g.  bash tests/setup-and-run.sh -k resume
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(slurmctld slurmd slurm-client munge iproute2)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "not root: cannot install ${missing[*]}; the real-Slurm tests will be skipped" >&2
+  fi
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+exec .venv/bin/python -m pytest "$@"

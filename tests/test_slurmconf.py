@@ -1,0 +1,187 @@
+"""slurm-nebula-power slurm-conf, and the slurm.conf reader check uses."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from slurm_nebula_power import slurmconf
+from slurm_nebula_power.errors import EXIT_OK
+from slurm_nebula_power.slurmconf import gres_gpus, node_cpus, pci_gpus, read_slurm_conf, template_shape
+from simfixtures import AUTH, setup, sim  # noqa: F401
+from support import make_setup
+
+GPU_SETS = """\
+[[nodeset]]
+nodes = "gpu[01-04]"
+template = "slurm-gpu-worker"
+boot_timeout = 600
+gpu_type = "h100"
+partition = "a100s"
+features = "cloud,h100,ib"
+
+[[nodeset]]
+nodes = "cpu[01-02]"
+template = "slurm-cpu-worker"
+gpus = 0
+"""
+
+
+def generated(capsys, env) -> list[str]:
+    assert slurmconf.main([], env) == EXIT_OK
+    return [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+
+
+# ---- reading -----------------------------------------------------------------------------------------
+
+
+def test_reader_takes_parameters_node_lines_defaults_and_includes(tmp_path) -> None:
+    (tmp_path / "nodes.conf").write_text("NodeName=gpu[03-04] State=CLOUD CPUs=16 RealMemory=1000\n")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(textwrap.dedent("""\
+        ClusterName=c1   # a comment
+        slurmuser=slurm
+        ResumeTimeout=900
+        NodeName=DEFAULT CPUs=8 RealMemory=64000 \\
+            Gres=gpu:h100:1
+        NodeName=gpu[01-02] State=CLOUD Feature="cloud,h100"
+        NodeName=login1 CPUs=4
+        PartitionName=gpu Nodes=gpu[01-04] State=UP
+        Include nodes.conf
+        """))
+    parsed = read_slurm_conf(conf)
+    assert parsed.get("SlurmUser") == "slurm" and parsed.seconds("resumetimeout") == 900
+    assert parsed.seconds("SuspendTimeout") == 30, "Slurm's default"
+    assert parsed.nodes["gpu02"] == {"cpus": "8", "realmemory": "64000", "gres": "gpu:h100:1", "state": "CLOUD",
+                                     "feature": "cloud,h100"}
+    assert parsed.nodes["gpu04"]["cpus"] == "16"
+    assert sorted(parsed.cloud_nodes) == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert "partitionname" not in parsed.params
+
+
+@pytest.mark.parametrize(("gres", "count"), [
+    ("", 0), ("gpu:1", 1), ("gpu:h100:2", 2), ("gpu", 1), ("gpu:a100:2(S:0-1),nic:1", 2),
+    ("gpu:a:1,gpu:b:3", 4), ("mps:100", 0), ("gpu:1k", 1024),
+])
+def test_gres_gpu_count(gres: str, count: int) -> None:
+    assert gres_gpus(gres) == count
+
+
+def test_node_cpus_from_topology_when_cpus_missing() -> None:
+    assert node_cpus({"cpus": "12"}) == 12
+    assert node_cpus({"sockets": "2", "corespersocket": "8", "threadspercore": "2"}) == 32
+    assert node_cpus({}) == 1
+
+
+@pytest.mark.parametrize(("pci", "count"), [
+    (None, 0),
+    ({"VENDOR": "10de", "CLASS": "0302"}, 1),
+    ([{"VENDOR": "10de", "CLASS": "0302"}, {"VENDOR": "10de", "CLASS": "0302"}], 2),
+    ([{"VENDOR": "10de"}, {"VENDOR": "15b3", "TYPE": "NIC"}], 1),
+    ({"VENDOR": "15b3", "CLASS": "0207"}, 0),
+    ({"PROFILE": "nvidia-h100-1-10c"}, 1),
+    ({"SHORT_ADDRESS": "41:00.0"}, 1),
+])
+def test_pci_gpus(pci, count: int) -> None:
+    assert pci_gpus(pci) == count
+
+
+def test_template_without_vcpu_gives_one_vcpu() -> None:
+    shape = template_shape({"CPU": "2", "MEMORY": "4096"}, 7)
+    assert (shape.vcpus, shape.memory_mb, shape.gpus, shape.source) == (1, 4096, 0, "template 7")
+
+
+# ---- generating --------------------------------------------------------------------------------------
+
+
+def test_node_lines_come_from_the_templates(sim, setup, capsys) -> None:
+    lines = generated(capsys, setup.env)
+    # slurm-gpu-worker: VCPU 8, MEMORY 65536, one PCI GPU; slurm-cpu-worker: VCPU 4, MEMORY 8192.
+    assert "NodeName=gpu[01-08] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:1 Feature=cloud" in lines
+    assert "NodeName=cpu[01-04] State=CLOUD CPUs=4 RealMemory=7782 Feature=cloud" in lines
+    assert "PartitionName=gpu Nodes=gpu[01-08] MaxTime=INFINITE State=UP" in lines
+    assert "PartitionName=cloud Nodes=cpu[01-04] MaxTime=INFINITE State=UP" in lines
+    assert "GresTypes=gpu" in lines
+
+
+def test_power_saving_lines_have_absolute_existing_program_paths(sim, setup, capsys) -> None:
+    lines = dict(line.split("=", 1) for line in generated(capsys, setup.env) if not line.startswith(("Node", "Part")))
+    for key, name in (("ResumeProgram", "slurm-nebula-resume"), ("SuspendProgram", "slurm-nebula-suspend"),
+                      ("ResumeFailProgram", "slurm-nebula-resume-fail")):
+        assert os.path.isabs(lines[key]) and lines[key].endswith("/" + name)
+        assert os.access(lines[key], os.X_OK)
+    assert int(lines["ResumeTimeout"]) > 20, "above boot_timeout"
+    assert int(lines["SuspendTimeout"]) > 15, "above [power] suspend_timeout"
+    # The fake scontrol says 22.05: cloud_reg_addrs and PrivateData=cloud are needed there.
+    assert lines["SlurmctldParameters"] == "idle_on_node_suspend,cloud_reg_addrs"
+    assert lines["PrivateData"] == "cloud"
+
+
+def test_newer_slurm_gets_neither_cloud_reg_addrs_nor_private_data(sim, setup, capsys) -> None:
+    setup.set_version("slurm 24.05.1")
+    lines = generated(capsys, setup.env)
+    assert "SlurmctldParameters=idle_on_node_suspend" in lines
+    assert not [line for line in lines if line.startswith("PrivateData")]
+
+
+def test_node_set_options_name_gpu_type_features_and_partition(sim, tmp_path, capsys) -> None:
+    site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=GPU_SETS)
+    lines = generated(capsys, site.env)
+    assert "NodeName=gpu[01-04] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:h100:1 Feature=cloud,h100,ib" in lines
+    assert "PartitionName=a100s Nodes=gpu[01-04] MaxTime=INFINITE State=UP" in lines
+    assert "ResumeTimeout=900" in lines, "boot_timeout 600 + 300"
+
+
+def test_unreadable_template_falls_back_to_the_node_set_options(sim, tmp_path, capsys) -> None:
+    site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
+        '[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "missing"\nvcpu = 16\nmemory_mb = 100000\ngpus = 2\n'))
+    assert slurmconf.main([], site.env) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "NodeName=gpu[01-02] State=CLOUD CPUs=16 RealMemory=95000 Gres=gpu:2 Feature=cloud" in out
+    assert "template unreadable" in out
+
+
+def test_unreadable_template_without_options_is_an_error(sim, tmp_path, capsys) -> None:
+    site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
+        '[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "missing"\n'))
+    assert slurmconf.main([], site.env) == 4
+    err = capsys.readouterr().err
+    assert "no VM template named 'missing'" in err and "vcpu, memory_mb and gpus" in err
+
+
+def test_help_exits_0(capsys) -> None:
+    assert slurmconf.main(["--help"]) == 0
+    assert "slurm.conf" in capsys.readouterr().out
+
+
+# ---- the real controller accepts the output ----------------------------------------------------------
+
+# Keys our output sets: the harness's own lines for them are dropped before ours are appended.
+OURS = ("resumeprogram", "suspendprogram", "resumefailprogram", "prologslurmctld", "resumetimeout",
+        "suspendtimeout", "suspendtime", "resumerate", "suspendrate", "slurmctldparameters", "privatedata",
+        "grestypes", "nodename", "partitionname")
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_factory) -> None:
+    lines = generated(capsys, setup.env)
+    cluster = slurm_factory(nodes=["spare1"])
+    kept = [line for line in cluster.conf.read_text().splitlines()
+            if line.partition("=")[0].strip().lower() not in OURS]
+    cluster.conf.write_text("\n".join(kept + lines) + "\n")
+    cluster.restart_slurmctld(clear_state=True)
+    gpu = cluster.node_info("gpu05")
+    assert gpu["State"] == "IDLE+CLOUD+POWERED_DOWN"
+    assert (gpu["CPUTot"], gpu["RealMemory"], gpu["Gres"]) == ("8", "62259", "gpu:1")
+    assert cluster.node_info("cpu04")["CPUTot"] == "4"
+    config = cluster.scontrol("show", "config")
+    resume = [line for line in config.splitlines() if line.startswith("ResumeProgram ")]
+    assert resume and resume[0].split("=", 1)[1].strip().endswith("/slurm-nebula-resume")
+    errors = [line for line in cluster.log_tail("slurmctld.log", 400).lower().splitlines() if "error" in line]
+    # Harmless on this machine: pmix missing, fresh state files, no Default=YES partition (a site has one).
+    ours = [line for line in errors if any(w in line for w in ("power", "program", "gres", "node", "invalid"))]
+    assert ours == []
+    parts = cluster.run("sinfo", "-h", "-o", "%P %D").stdout.split()
+    assert parts == ["gpu", "8", "cloud", "4"]

@@ -1,0 +1,203 @@
+"""slurm-nebula-power status: Slurm's view and OpenNebula's per node, and what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_nebula_power import status
+from slurm_nebula_power.cloud import Vm
+from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
+from slurm_nebula_power.slurm import NodeState
+from simfixtures import AUTH, fast_config, setup, sim  # noqa: F401
+from opsupport import boot_node, ours, real_site, show
+from support import make_setup
+
+
+
+def rows(capsys, env, *args: str) -> tuple[int, dict[str, dict]]:
+    code = status.main(["--json", *args], env)
+    return code, {r["node"]: r for r in json.loads(capsys.readouterr().out)}
+
+
+def test_table_has_one_row_per_node_with_every_column(sim, setup, capsys) -> None:
+    vm_id = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    setup.set_nodes(show("gpu01 State=IDLE+CLOUD NodeAddr=127.0.1.1", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
+    assert status.main(["gpu[01-02]"], setup.env) == EXIT_OK
+    header, gpu01, gpu02 = capsys.readouterr().out.splitlines()
+    assert header.split() == ["NODE", "SLURM", "VM", "STATE", "IP", "HOST", "AGE", "PROBLEM"]
+    assert gpu01.split()[:6] == ["gpu01", "IDLE+CLOUD", str(vm_id), "ACTIVE/RUNNING", "127.0.1.1", "gpu-host-01"]
+    assert gpu01.split()[6].endswith("s"), "an age such as 0s"
+    assert gpu02.split() == ["gpu02", "IDLE+CLOUD+POWERED_DOWN", "-", "-", "-", "-", "-"]
+
+
+def test_json_rows_name_states_in_words(sim, setup, capsys) -> None:
+    sim.set_durations(boot=60)
+    vm_id = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="BOOT")
+    setup.set_nodes(show("gpu01 State=ALLOCATED+CLOUD+POWERING_UP"))
+    code, found = rows(capsys, setup.env, "gpu01")
+    assert code == EXIT_OK
+    assert found["gpu01"] == {
+        "node": "gpu01", "nodeset": "gpu[01-08]", "slurm_state": "ALLOCATED+CLOUD+POWERING_UP",
+        "slurm_reason": "", "vm_id": vm_id, "vm_ids": [vm_id], "vm_state": "ACTIVE", "lcm_state": "BOOT",
+        "ip": "127.0.1.1", "host": "gpu-host-01", "age_seconds": found["gpu01"]["age_seconds"], "problems": []}
+    assert isinstance(found["gpu01"]["age_seconds"], int)
+
+
+def test_vm_running_while_node_powered_down_is_a_problem(sim, setup, capsys) -> None:
+    sim.add_vm(name="gpu03", user_template=ours("gpu03"), state="RUNNING")
+    setup.set_nodes(show("gpu03 State=IDLE+CLOUD+POWERED_DOWN"))
+    code, found = rows(capsys, setup.env, "gpu03")
+    assert code == EXIT_NODES_FAILED
+    assert found["gpu03"]["problems"] == ["VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"]
+
+
+def test_node_powering_up_with_vm_pending_for_lack_of_a_gpu(tmp_path, capsys) -> None:
+    from slurm_nebula_power.simulator import running_simulator
+
+    with running_simulator(fast_config(hosts=1, gpus=0), auth=AUTH) as sim:
+        site = make_setup(tmp_path / "site", sim.endpoint, AUTH)
+        sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="PENDING")
+        sim.wait_for(lambda: "SCHED_MESSAGE" in sim.vm(0).user_template)
+        site.set_nodes(show("gpu01 State=ALLOCATED+CLOUD+POWERING_UP"))
+        code, found = rows(capsys, site.env, "gpu01")
+    assert code == EXIT_NODES_FAILED
+    assert found["gpu01"]["problems"] == ["node powering up, VM PENDING: no host with a free GPU"]
+
+
+@pytest.mark.parametrize(("state", "vm_state", "problem"), [
+    ("IDLE+CLOUD", None, "node up in Slurm but it has no VM"),
+    ("MIXED+CLOUD", "BOOT_FAILURE", "node up but VM failed (ACTIVE/BOOT_FAILURE)"),
+    ("IDLE+CLOUD+NOT_RESPONDING", "POWEROFF", "node up but VM POWEROFF"),
+    ("DOWN+CLOUD+POWERED_DOWN Reason=ResumeTimeout reached", None, "Slurm DOWN: ResumeTimeout reached"),
+    ("IDLE+DRAIN+CLOUD Reason=nebula: bad GPU", "RUNNING", "Slurm DRAIN: nebula: bad GPU"),
+])
+def test_what_is_wrong(sim, setup, capsys, state: str, vm_state: str | None, problem: str) -> None:
+    if vm_state:
+        sim.add_vm(name="gpu04", user_template=ours("gpu04"), state=vm_state)
+    setup.set_nodes(show(f"gpu04 State={state}"))
+    code, found = rows(capsys, setup.env, "gpu04")
+    assert code == EXIT_NODES_FAILED
+    assert found["gpu04"]["problems"] == [problem]
+
+
+def test_address_mismatch_is_shown(sim, setup, capsys) -> None:
+    sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    setup.set_nodes(show("gpu01 State=IDLE+CLOUD NodeAddr=127.0.9.9"))
+    _, found = rows(capsys, setup.env, "gpu01")
+    assert found["gpu01"]["problems"] == ["Slurm NodeAddr 127.0.9.9 but VM IP 127.0.1.1"]
+
+
+def test_poweroff_vm_of_a_poweroff_node_set_is_not_a_problem(sim, setup, capsys) -> None:
+    sim.add_vm(name="cpu01", user_template=ours("cpu01"), state="POWEROFF", template_id=1)
+    setup.set_nodes(show("cpu01 State=IDLE+CLOUD+POWERED_DOWN"))
+    code, found = rows(capsys, setup.env, "cpu01")
+    assert (code, found["cpu01"]["problems"]) == (EXIT_OK, [])
+
+
+def test_foreign_vm_is_not_listed_and_stray_vm_of_ours_is(sim, setup, capsys) -> None:
+    sim.add_vm(name="gpu05", user_template={}, state="RUNNING")  # foreign: same name, no tags
+    stray = sim.add_vm(name="old7", user_template=ours("old7"), state="RUNNING")
+    setup.set_nodes(show(*(f"gpu0{i} State=IDLE+CLOUD+POWERED_DOWN" for i in range(1, 9)),
+                         *(f"cpu0{i} State=IDLE+CLOUD+POWERED_DOWN" for i in range(1, 5))))
+    code, found = rows(capsys, setup.env)
+    assert found["gpu05"]["vm_id"] is None and found["gpu05"]["problems"] == []
+    assert found["old7"]["vm_id"] == stray
+    assert found["old7"]["problems"] == [f"VM {stray} tagged for this cluster but the node is in no [[nodeset]]: "
+                                         "left alone"]
+    assert code == EXIT_NODES_FAILED and len(found) == 13
+
+
+def test_two_vms_for_one_node_are_shown(sim, setup, capsys) -> None:
+    first = sim.add_vm(name="gpu02", user_template=ours("gpu02"), state="RUNNING")
+    second = sim.add_vm(name="gpu02", user_template=ours("gpu02"), state="POWEROFF")
+    setup.set_nodes(show("gpu02 State=IDLE+CLOUD"))
+    _, found = rows(capsys, setup.env, "gpu02")
+    assert found["gpu02"]["vm_id"] == first, "the running one counts"
+    assert found["gpu02"]["problems"] == [f"2 VMs for one node: {first}, {second}"]
+
+
+def test_node_unknown_to_slurm(sim, setup, capsys) -> None:
+    setup.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN"))
+    _, found = rows(capsys, setup.env, "gpu02")
+    assert found["gpu02"]["problems"][0].startswith("unknown to slurmctld")
+
+
+def test_without_a_controller_the_table_still_shows_the_vms(sim, setup, capsys) -> None:
+    sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    (setup.scontrol_dir / "scontrol.rc").write_text("1")
+    code = status.main(["gpu01"], setup.env)
+    out, err = capsys.readouterr()
+    assert code == EXIT_OK
+    assert "Slurm state unavailable" in err
+    assert out.splitlines()[1].split()[:4] == ["gpu01", "?", "0", "ACTIVE/RUNNING"]
+
+
+def test_no_slurm_option_never_runs_scontrol(sim, setup, capsys) -> None:
+    assert status.main(["--no-slurm", "gpu01"], setup.env) == EXIT_OK
+    assert setup.scontrol_calls() == []
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["gpu01", "n/a"]
+
+
+def test_one_pool_query(sim, setup, capsys) -> None:
+    setup.set_nodes("")
+    status.main([], setup.env)
+    assert sim.stats()["calls"] == {"one.vmpool.infoextended": 1}
+
+
+def test_bad_hostlist_is_a_usage_error(sim, setup, capsys) -> None:
+    assert status.main(["gpu[01-"], setup.env) == EXIT_USAGE
+    assert "malformed hostlist" in capsys.readouterr().err
+
+
+def test_unreachable_endpoint_exits_4(tmp_path, capsys) -> None:
+    site = make_setup(tmp_path / "site", "http://127.0.0.1:9/RPC2", AUTH, extra="")
+    (site.config).write_text(site.config.read_text().replace("retry_seconds = 10", "retry_seconds = 0.5"))
+    assert status.main(["--no-slurm"], site.env) == 4
+    assert "connection failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, "-"), (0, "0s"), (59, "59s"), (61, "1m01s"),
+                                               (7260, "2h01m"), (90000, "1d01h")])
+def test_age(seconds, text: str) -> None:
+    assert status.age(seconds) == text
+
+
+@pytest.mark.parametrize(("state", "where"), [
+    ("IDLE+CLOUD+POWERED_DOWN", "off"), ("DOWN+CLOUD+POWERED_DOWN", "off"), ("IDLE+CLOUD+POWERING_DOWN", "stopping"),
+    ("IDLE+CLOUD+POWER_DOWN", "stopping"), ("ALLOCATED+CLOUD+POWERING_UP", "starting"),
+    ("IDLE+CLOUD+NOT_RESPONDING+POWERING_UP", "starting"), ("MIXED+CLOUD", "up"), ("IDLE*+CLOUD", "up"),
+    ("DOWN+CLOUD", "other"), ("FUTURE+CLOUD", "other"),
+])
+def test_phase(state: str, where: str) -> None:
+    assert status.phase(NodeState("n", state)) == where
+
+
+def test_diagnose_respects_grace_by_vm_age() -> None:
+    from slurm_nebula_power.config import NodeSet
+
+    vm = Vm(id=1, name="n1", state=3, lcm_state=3, stime=1000)
+    view = status.NodeView("n1", NodeSet("n1", ("n1",), "t"), NodeState("n1", "IDLE+CLOUD+POWERED_DOWN"), [vm])
+    assert status.diagnose(view, now=1100, grace=300).repair is None
+    late = status.diagnose(view, now=1400, grace=300)
+    assert late.repair is not None and late.repair.terminate == (vm,) and not late.repair.hand_back
+
+
+# ---- the real controller ----------------------------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_status_against_the_real_controller(sim, tmp_path, slurm_factory, capsys) -> None:
+    cluster = slurm_factory(nodes=["gpu01", "gpu02", "gpu03"], suspend_time=3600)
+    site = real_site(tmp_path / "site", sim, cluster, '[[nodeset]]\nnodes = "gpu[01-03]"\n'
+                     'template = "slurm-gpu-worker"\n')
+    orphan = sim.add_vm(name="gpu01", user_template=ours("gpu01", "cloudtest"))
+    boot_node(cluster, "gpu02", "127.0.1.2")
+    code, found = rows(capsys, {"SLURM_NEBULA_POWER_CONFIG": str(site.config)})
+    assert code == EXIT_NODES_FAILED
+    assert found["gpu01"]["slurm_state"] == "IDLE+CLOUD+POWERED_DOWN" and found["gpu01"]["vm_id"] == orphan
+    assert found["gpu01"]["problems"] == ["VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"]
+    assert found["gpu02"]["slurm_state"] == "IDLE+CLOUD"
+    assert found["gpu02"]["problems"] == ["node up in Slurm but it has no VM"]
+    assert (found["gpu03"]["slurm_state"], found["gpu03"]["problems"]) == ("IDLE+CLOUD+POWERED_DOWN", [])
