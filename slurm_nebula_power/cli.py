@@ -256,6 +256,11 @@ def resume_fail_main(argv: Sequence[str] | None = None, environ: Mapping[str, st
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulator": ("slurm_nebula_power.simulator.cli:main", "run the OpenNebula simulator (XML-RPC over HTTP)"),
+    "demo": ("slurm_nebula_power.demo:main", "resume and suspend gpu[01-04] on the embedded simulator, no Slurm"),
+    "status": ("slurm_nebula_power.status:main", "per node: Slurm state, VM, IP, host, age and what is wrong"),
+    "check": ("slurm_nebula_power.check:main", "find configuration, credential, template and slurm.conf problems"),
+    "reconcile": ("slurm_nebula_power.reconcile:main", "repair drift: orphan VMs, vanished VMs, stuck boots"),
+    "slurm-conf": ("slurm_nebula_power.slurmconf:main", "print slurm.conf lines derived from the templates"),
 }
 
 

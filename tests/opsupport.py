@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from support import Setup, make_setup
-
 from simfixtures import AUTH
+from support import Setup, make_setup
 
 
 def ours(node: str, cluster: str = "testcluster") -> dict[str, str]:
@@ -36,6 +35,7 @@ def boot_node(cluster: Any, node: str, addr: str) -> None:
     cluster.scontrol("update", f"NodeName={node}", f"NodeAddr={addr}")
     cluster.scontrol("update", f"NodeName={node}", "State=POWER_UP")
     # slurmd registering before slurmctld has started the power-up (POWER_UP queued) is not taken as a boot.
-    cluster.wait_until(lambda: cluster.node_state(node), lambda s: "POWERING_UP" in s, 30, f"{node} powering up")
+    cluster.wait_until(lambda: cluster.node_state(node), lambda s: "POWERING_UP" in s, 30,
+                       f"{node} powering up")
     cluster.start_slurmd(node)
     cluster.wait_until(lambda: cluster.node_state(node), lambda s: s == "IDLE+CLOUD", 30, f"{node} up")

@@ -6,12 +6,12 @@ import os
 import textwrap
 
 import pytest
+from simfixtures import AUTH, setup, sim  # noqa: F401
+from support import make_setup
 
 from slurm_nebula_power import slurmconf
 from slurm_nebula_power.errors import EXIT_OK
 from slurm_nebula_power.slurmconf import gres_gpus, node_cpus, pci_gpus, read_slurm_conf, template_shape
-from simfixtures import AUTH, setup, sim  # noqa: F401
-from support import make_setup
 
 GPU_SETS = """\
 [[nodeset]]
@@ -54,8 +54,8 @@ def test_reader_takes_parameters_node_lines_defaults_and_includes(tmp_path) -> N
     parsed = read_slurm_conf(conf)
     assert parsed.get("SlurmUser") == "slurm" and parsed.seconds("resumetimeout") == 900
     assert parsed.seconds("SuspendTimeout") == 30, "Slurm's default"
-    assert parsed.nodes["gpu02"] == {"cpus": "8", "realmemory": "64000", "gres": "gpu:h100:1", "state": "CLOUD",
-                                     "feature": "cloud,h100"}
+    assert parsed.nodes["gpu02"] == {"cpus": "8", "realmemory": "64000", "gres": "gpu:h100:1",
+                                     "state": "CLOUD", "feature": "cloud,h100"}
     assert parsed.nodes["gpu04"]["cpus"] == "16"
     assert sorted(parsed.cloud_nodes) == ["gpu01", "gpu02", "gpu03", "gpu04"]
     assert "partitionname" not in parsed.params
@@ -107,7 +107,8 @@ def test_node_lines_come_from_the_templates(sim, setup, capsys) -> None:
 
 
 def test_power_saving_lines_have_absolute_existing_program_paths(sim, setup, capsys) -> None:
-    lines = dict(line.split("=", 1) for line in generated(capsys, setup.env) if not line.startswith(("Node", "Part")))
+    lines = dict(line.split("=", 1) for line in generated(capsys, setup.env)
+                 if not line.startswith(("Node", "Part")))
     for key, name in (("ResumeProgram", "slurm-nebula-resume"), ("SuspendProgram", "slurm-nebula-suspend"),
                       ("ResumeFailProgram", "slurm-nebula-resume-fail")):
         assert os.path.isabs(lines[key]) and lines[key].endswith("/" + name)
@@ -129,7 +130,8 @@ def test_newer_slurm_gets_neither_cloud_reg_addrs_nor_private_data(sim, setup, c
 def test_node_set_options_name_gpu_type_features_and_partition(sim, tmp_path, capsys) -> None:
     site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=GPU_SETS)
     lines = generated(capsys, site.env)
-    assert "NodeName=gpu[01-04] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:h100:1 Feature=cloud,h100,ib" in lines
+    assert ("NodeName=gpu[01-04] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:h100:1 Feature=cloud,h100,ib"
+            in lines)
     assert "PartitionName=a100s Nodes=gpu[01-04] MaxTime=INFINITE State=UP" in lines
     assert "ResumeTimeout=900" in lines, "boot_timeout 600 + 300"
 
@@ -181,7 +183,8 @@ def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_fa
     assert resume and resume[0].split("=", 1)[1].strip().endswith("/slurm-nebula-resume")
     errors = [line for line in cluster.log_tail("slurmctld.log", 400).lower().splitlines() if "error" in line]
     # Harmless on this machine: pmix missing, fresh state files, no Default=YES partition (a site has one).
-    ours = [line for line in errors if any(w in line for w in ("power", "program", "gres", "node", "invalid"))]
+    words = ("power", "program", "gres", "node", "invalid")
+    ours = [line for line in errors if any(w in line for w in words)]
     assert ours == []
     parts = cluster.run("sinfo", "-h", "-o", "%P %D").stdout.split()
     assert parts == ["gpu", "8", "cloud", "4"]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from opsupport import boot_node, ours, real_site, show
+from simfixtures import AUTH, fast_config, setup, sim  # noqa: F401
+from support import make_setup
 
 from slurm_nebula_power import status
 from slurm_nebula_power.cloud import Vm
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 from slurm_nebula_power.slurm import NodeState
-from simfixtures import AUTH, fast_config, setup, sim  # noqa: F401
-from opsupport import boot_node, ours, real_site, show
-from support import make_setup
 
+ORPHAN = "VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"
 
 
 def rows(capsys, env, *args: str) -> tuple[int, dict[str, dict]]:
@@ -27,7 +28,8 @@ def test_table_has_one_row_per_node_with_every_column(sim, setup, capsys) -> Non
     assert status.main(["gpu[01-02]"], setup.env) == EXIT_OK
     header, gpu01, gpu02 = capsys.readouterr().out.splitlines()
     assert header.split() == ["NODE", "SLURM", "VM", "STATE", "IP", "HOST", "AGE", "PROBLEM"]
-    assert gpu01.split()[:6] == ["gpu01", "IDLE+CLOUD", str(vm_id), "ACTIVE/RUNNING", "127.0.1.1", "gpu-host-01"]
+    assert gpu01.split()[:6] == ["gpu01", "IDLE+CLOUD", str(vm_id), "ACTIVE/RUNNING", "127.0.1.1",
+                                 "gpu-host-01"]
     assert gpu01.split()[6].endswith("s"), "an age such as 0s"
     assert gpu02.split() == ["gpu02", "IDLE+CLOUD+POWERED_DOWN", "-", "-", "-", "-", "-"]
 
@@ -41,7 +43,8 @@ def test_json_rows_name_states_in_words(sim, setup, capsys) -> None:
     assert found["gpu01"] == {
         "node": "gpu01", "nodeset": "gpu[01-08]", "slurm_state": "ALLOCATED+CLOUD+POWERING_UP",
         "slurm_reason": "", "vm_id": vm_id, "vm_ids": [vm_id], "vm_state": "ACTIVE", "lcm_state": "BOOT",
-        "ip": "127.0.1.1", "host": "gpu-host-01", "age_seconds": found["gpu01"]["age_seconds"], "problems": []}
+        "ip": "127.0.1.1", "host": "gpu-host-01", "age_seconds": found["gpu01"]["age_seconds"],
+        "problems": []}
     assert isinstance(found["gpu01"]["age_seconds"], int)
 
 
@@ -50,7 +53,7 @@ def test_vm_running_while_node_powered_down_is_a_problem(sim, setup, capsys) -> 
     setup.set_nodes(show("gpu03 State=IDLE+CLOUD+POWERED_DOWN"))
     code, found = rows(capsys, setup.env, "gpu03")
     assert code == EXIT_NODES_FAILED
-    assert found["gpu03"]["problems"] == ["VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"]
+    assert found["gpu03"]["problems"] == [ORPHAN]
 
 
 def test_node_powering_up_with_vm_pending_for_lack_of_a_gpu(tmp_path, capsys) -> None:
@@ -104,8 +107,8 @@ def test_foreign_vm_is_not_listed_and_stray_vm_of_ours_is(sim, setup, capsys) ->
     code, found = rows(capsys, setup.env)
     assert found["gpu05"]["vm_id"] is None and found["gpu05"]["problems"] == []
     assert found["old7"]["vm_id"] == stray
-    assert found["old7"]["problems"] == [f"VM {stray} tagged for this cluster but the node is in no [[nodeset]]: "
-                                         "left alone"]
+    assert found["old7"]["problems"] == [f"VM {stray} tagged for this cluster but the node is in no "
+                                         "[[nodeset]]: left alone"]
     assert code == EXIT_NODES_FAILED and len(found) == 13
 
 
@@ -165,7 +168,8 @@ def test_age(seconds, text: str) -> None:
 
 
 @pytest.mark.parametrize(("state", "where"), [
-    ("IDLE+CLOUD+POWERED_DOWN", "off"), ("DOWN+CLOUD+POWERED_DOWN", "off"), ("IDLE+CLOUD+POWERING_DOWN", "stopping"),
+    ("IDLE+CLOUD+POWERED_DOWN", "off"), ("DOWN+CLOUD+POWERED_DOWN", "off"),
+    ("IDLE+CLOUD+POWERING_DOWN", "stopping"),
     ("IDLE+CLOUD+POWER_DOWN", "stopping"), ("ALLOCATED+CLOUD+POWERING_UP", "starting"),
     ("IDLE+CLOUD+NOT_RESPONDING+POWERING_UP", "starting"), ("MIXED+CLOUD", "up"), ("IDLE*+CLOUD", "up"),
     ("DOWN+CLOUD", "other"), ("FUTURE+CLOUD", "other"),
@@ -178,7 +182,8 @@ def test_diagnose_respects_grace_by_vm_age() -> None:
     from slurm_nebula_power.config import NodeSet
 
     vm = Vm(id=1, name="n1", state=3, lcm_state=3, stime=1000)
-    view = status.NodeView("n1", NodeSet("n1", ("n1",), "t"), NodeState("n1", "IDLE+CLOUD+POWERED_DOWN"), [vm])
+    off = NodeState("n1", "IDLE+CLOUD+POWERED_DOWN")
+    view = status.NodeView("n1", NodeSet("n1", ("n1",), "t"), off, [vm])
     assert status.diagnose(view, now=1100, grace=300).repair is None
     late = status.diagnose(view, now=1400, grace=300)
     assert late.repair is not None and late.repair.terminate == (vm,) and not late.repair.hand_back
@@ -197,7 +202,7 @@ def test_status_against_the_real_controller(sim, tmp_path, slurm_factory, capsys
     code, found = rows(capsys, {"SLURM_NEBULA_POWER_CONFIG": str(site.config)})
     assert code == EXIT_NODES_FAILED
     assert found["gpu01"]["slurm_state"] == "IDLE+CLOUD+POWERED_DOWN" and found["gpu01"]["vm_id"] == orphan
-    assert found["gpu01"]["problems"] == ["VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"]
+    assert found["gpu01"]["problems"] == [ORPHAN]
     assert found["gpu02"]["slurm_state"] == "IDLE+CLOUD"
     assert found["gpu02"]["problems"] == ["node up in Slurm but it has no VM"]
     assert (found["gpu03"]["slurm_state"], found["gpu03"]["problems"]) == ("IDLE+CLOUD+POWERED_DOWN", [])

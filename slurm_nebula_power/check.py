@@ -1,0 +1,374 @@
+"""`check`: what would make a deployment fail later, found now; one line per problem with its fix."""
+
+from __future__ import annotations
+
+import grp
+import json
+import logging
+import math
+import os
+import pwd
+import re
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import EXIT_NODES_FAILED, EXIT_OK, CloudAuthError, CloudError, ConfigError, PowerError
+from .hostlists import fold
+from .slurmconf import (
+    MEMORY_RATIO,
+    PROGRAMS,
+    PROLOG,
+    RESUME_MARGIN,
+    SUSPEND_MARGIN,
+    Shape,
+    SlurmConf,
+    gres_gpus,
+    node_cpus,
+    program_path,
+    read_shapes,
+    read_slurm_conf,
+    real_memory,
+    slurm_version,
+)
+
+if TYPE_CHECKING:
+    from .config import Config, NodeSet
+    from .power import Cloud
+
+OK, WARNING, PROBLEM = "ok", "warning", "problem"
+MEMORY_TIGHT = 0.97  # RealMemory above this share of MEMORY is likely above what the guest reports
+R, W, X = os.R_OK, os.W_OK, os.X_OK
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result: ok, warning or problem, about a subject, with its fix."""
+
+    level: str
+    subject: str
+    text: str
+    fix: str = ""
+
+    def line(self) -> str:
+        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`."""
+        return f"{self.level:<8} {self.subject}: {self.text}" + (f" -> fix: {self.fix}" if self.fix else "")
+
+
+class Report:
+    """The findings of one check run."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+
+    def ok(self, subject: str, text: str) -> None:
+        """Record a passed check."""
+        self.findings.append(Finding(OK, subject, text))
+
+    def warn(self, subject: str, text: str, fix: str) -> None:
+        """Record something that works but is likely not what you want."""
+        self.findings.append(Finding(WARNING, subject, text, fix))
+
+    def problem(self, subject: str, text: str, fix: str) -> None:
+        """Record something that will fail."""
+        self.findings.append(Finding(PROBLEM, subject, text, fix))
+
+    @property
+    def problems(self) -> list[Finding]:
+        """The problems only."""
+        return [f for f in self.findings if f.level == PROBLEM]
+
+
+# ---- file access as SlurmUser -------------------------------------------------------------------------
+
+
+def allowed(user: pwd.struct_passwd, path: Path, want: int) -> bool | None:
+    """Whether user may access path (want: R/W/X bits), directories on the way included; None: cannot tell.
+
+    POSIX mode bits only (ACLs are not read); root may do anything.
+    """
+    if user.pw_uid == 0:
+        return True
+    groups = {user.pw_gid} | {g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem}
+
+    def bits(p: Path, need: int) -> bool:
+        info = p.stat()
+        shift = 6 if info.st_uid == user.pw_uid else 3 if info.st_gid in groups else 0
+        return (info.st_mode >> shift) & need == need
+
+    try:
+        path = path.absolute()
+        return all(bits(parent, X) for parent in reversed(path.parents)) and bits(path, want)
+    except PermissionError:
+        return None
+    except OSError:
+        return False
+
+
+def writable(user: pwd.struct_passwd, path: Path, directory: bool) -> bool | None:
+    """Whether user can write path, or create it (and its missing parent directories)."""
+    target = path
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    if target == path:
+        return allowed(user, path, W | X if directory else W)
+    return allowed(user, target, W | X)
+
+
+def _access(report: Report, user: pwd.struct_passwd, subject: str, ok: bool | None, fix: str) -> None:
+    if ok is None:
+        report.warn(subject, f"cannot tell whether SlurmUser {user.pw_name} has access", "run check as root")
+    elif not ok:
+        report.problem(subject, f"SlurmUser {user.pw_name} has no access", fix)
+
+
+def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None:
+    """Config, auth file, log file and lock dir as SlurmUser sees them."""
+    name = user.pw_name
+    _access(report, user, f"configuration {config.path}", allowed(user, config.path, R),
+            f"chmod o+r {config.path} (it holds no secret) and make its directories searchable")
+    auth = config.opennebula.auth_file
+    before = len(report.problems)
+    _access(report, user, f"auth file {auth}", allowed(user, auth, R),
+            f"chown {name} {auth} && chmod 600 {auth}")
+    if len(report.problems) == before:
+        report.ok(f"auth file {auth}", f"readable by SlurmUser {name}, not by group or others")
+    if config.log.file is not None:
+        _access(report, user, f"log file {config.log.file}", writable(user, config.log.file, False),
+                f"mkdir -p {config.log.file.parent} && chown {name} {config.log.file.parent}")
+    _access(report, user, f"lock_dir {config.power.lock_dir}", writable(user, config.power.lock_dir, True),
+            f"mkdir -p {config.power.lock_dir} && chown {name} {config.power.lock_dir}")
+
+
+# ---- OpenNebula ---------------------------------------------------------------------------------------
+
+
+def check_cloud(report: Report, config: Config) -> Cloud | None:
+    """Endpoint reachable, credentials accepted, VMs listable, oned version; the cloud when usable."""
+    from .cloud import OneCloud
+
+    one = config.opennebula
+    subject = f"OpenNebula {one.endpoint}"
+    cloud = OneCloud(one, retry_seconds=0)
+    try:
+        version = cloud.version()
+        cloud.cluster_vms(config.slurm.cluster)
+    except CloudAuthError as exc:
+        report.problem(subject, f"user {one.user} refused: {_first(exc)}",
+                       f"put valid credentials (user:password or user:token) in {one.auth_file}")
+        return None
+    except CloudError as exc:
+        report.problem(subject, f"unreachable: {_first(exc)}",
+                       "check [opennebula] endpoint, that oned runs, and the firewall")
+        return None
+    major = re.match(r"(\d+)", version)
+    if major and int(major.group(1)) < 6:
+        report.warn(subject, f"oned {version} is older than 6.0, which this tool was not tested with",
+                    "upgrade OpenNebula")
+    else:
+        report.ok(subject, f"oned {version}, user {one.user}, VM pool readable")
+    return cloud
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def check_templates(report: Report, config: Config, cloud: Cloud, conf: SlurmConf | None) -> None:
+    """Each node set's template exists, has its GPUs, and matches slurm.conf's CPUs, memory and Gres."""
+    for nodeset, shape, error in read_shapes(config, cloud):
+        subject = f"node set {nodeset.nodes_expr} template {nodeset.template!r}"
+        if shape is None:
+            report.problem(subject, error, "create the template in OpenNebula or fix the node set's template "
+                           "(a name visible to the user, or the numeric id)")
+            continue
+        want = nodeset.options.get("gpus")
+        if shape.gpus == 0 and want != 0:
+            report.problem(subject, "has no PCI GPU", 'add PCI = [ VENDOR = "10de", CLASS = "0302" ] to the '
+                           "template, or set gpus = 0 in the node set when these nodes have no GPU")
+        elif want is not None and want != shape.gpus:
+            report.problem(subject, f"gives {shape.gpus} GPU(s) but the node set says gpus = {want}",
+                           "make the template's PCI entries and the node set's gpus agree")
+        else:
+            report.ok(subject, f"{shape.source}: {shape.vcpus} vCPU, {shape.memory_mb} MiB, {shape.gpus} GPU")
+        if conf is not None:
+            _against_slurm_conf(report, nodeset, shape, conf)
+
+
+def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:
+    groups: dict[tuple[int, int, int], list[str]] = defaultdict(list)
+    for node in nodeset.nodes:
+        keys = conf.nodes.get(node)
+        if keys is not None:
+            memory = int(keys["realmemory"]) if keys.get("realmemory", "").isdigit() else 1
+            groups[(node_cpus(keys), memory, gres_gpus(keys.get("gres", "")))].append(node)
+    for (cpus, memory, gpus), nodes in groups.items():
+        subject, fitting = f"slurm.conf NodeName={fold(nodes)}", real_memory(shape.memory_mb)
+        if cpus > shape.vcpus:
+            report.problem(subject, f"CPUs={cpus} but {shape.source} gives {shape.vcpus} vCPUs: slurmd "
+                           "registers fewer and the node is drained", f"set CPUs={shape.vcpus}")
+        elif cpus < shape.vcpus:
+            report.warn(subject, f"CPUs={cpus} uses only {cpus} of the VM's {shape.vcpus} vCPUs",
+                        f"set CPUs={shape.vcpus}")
+        if memory > shape.memory_mb:
+            report.problem(subject, f"RealMemory={memory} is above the VM's MEMORY {shape.memory_mb} MiB: "
+                           "the node is drained (Low RealMemory)", f"set RealMemory={fitting}")
+        elif memory > shape.memory_mb * MEMORY_TIGHT:
+            report.warn(subject, f"RealMemory={memory} is above {MEMORY_TIGHT:.0%} of MEMORY "
+                        f"{shape.memory_mb} MiB; the guest kernel keeps some, the node may be drained",
+                        f"set RealMemory={fitting} ({MEMORY_RATIO:.0%})")
+        if gpus != shape.gpus:
+            report.problem(subject, f"Gres has {gpus} GPU(s) but {shape.source} gives {shape.gpus}",
+                           f"set Gres=gpu:{shape.gpus}" if shape.gpus else "remove gpu from Gres")
+
+
+# ---- slurm.conf ---------------------------------------------------------------------------------------
+
+
+def check_coverage(report: Report, config: Config, conf: SlurmConf) -> None:
+    """Every State=CLOUD node in a node set; every node-set node a CLOUD node of slurm.conf."""
+    cloud, known, configured = set(conf.cloud_nodes), set(conf.nodes), set(config.all_nodes)
+    before = len(report.problems)
+    if cloud - configured:
+        report.problem(f"slurm.conf {fold(sorted(cloud - configured))}", "State=CLOUD but in no [[nodeset]]: "
+                       "resume refuses them", "add them to a node set's nodes, or drop State=CLOUD")
+    for nodeset in config.nodesets:
+        missing = [n for n in nodeset.nodes if n not in known]
+        static = [n for n in nodeset.nodes if n in known and n not in cloud]
+        if missing:
+            report.problem(f"node set {nodeset.nodes_expr}", f"{fold(missing)} not in slurm.conf",
+                           "add NodeName lines with State=CLOUD (slurm-nebula-power slurm-conf prints them)")
+        if static:
+            report.problem(f"node set {nodeset.nodes_expr}", f"{fold(static)} not State=CLOUD in slurm.conf: "
+                           "slurmctld never powers them up or down", "add State=CLOUD to their NodeName line")
+    if len(report.problems) == before:
+        report.ok(f"slurm.conf {conf.path}", f"{len(cloud)} State=CLOUD nodes, all in node sets")
+
+
+def check_timers(report: Report, config: Config, conf: SlurmConf) -> None:
+    """ResumeTimeout above boot_timeout; SuspendTimeout above the suspend bound; poweroff flagged."""
+    longest = max(ns.boot_timeout for ns in config.nodesets)
+    resume = conf.seconds("ResumeTimeout")
+    if resume is None or resume <= longest:
+        report.problem("slurm.conf ResumeTimeout", f"{conf.get('ResumeTimeout')} s is not above the longest "
+                       f"boot_timeout {longest:g} s: Slurm gives up on nodes still booting",
+                       f"set ResumeTimeout={math.ceil(longest) + RESUME_MARGIN}, or lower boot_timeout")
+    else:
+        report.ok("slurm.conf ResumeTimeout", f"{resume} s, above the longest boot_timeout {longest:g} s")
+    bound = config.power.suspend_timeout
+    suspend = conf.seconds("SuspendTimeout")
+    actions = "/".join(sorted({ns.suspend_action for ns in config.nodesets}))
+    if suspend is None or suspend < bound:
+        report.problem("slurm.conf SuspendTimeout", f"{conf.get('SuspendTimeout')} s is below [power] "
+                       f"suspend_timeout {bound:g} s: a {actions} may still run when slurmctld reuses the "
+                       "node name, and a quick resume meets the old VM",
+                       f"set SuspendTimeout={math.ceil(bound) + SUSPEND_MARGIN}, or lower suspend_timeout")
+    else:
+        report.ok("slurm.conf SuspendTimeout", f"{suspend} s, enough for {actions} ([power] suspend_timeout "
+                  f"{bound:g} s)")
+
+
+def check_poweroff(report: Report, config: Config) -> None:
+    """suspend_action = poweroff holds the GPU of every idle node."""
+    for nodeset in config.nodesets:
+        if nodeset.suspend_action == "poweroff":
+            report.problem(f"node set {nodeset.nodes_expr}", 'suspend_action = "poweroff": a powered-off VM '
+                           "keeps its GPU reserved on its host while the node is idle",
+                           'use "terminate" (or "undeploy" to keep the disks)')
+
+
+def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | None) -> None:
+    """Resume/Suspend/ResumeFail programs are ours and executable; PrologSlurmctld; PrivateData=cloud."""
+    for key, name in PROGRAMS.items():
+        value, (expected, _) = conf.params.get(key.lower(), ""), program_path(name)
+        if os.path.basename(value) != name:
+            report.problem(f"slurm.conf {key}", f"is {value or 'not set'}, not {name}", f"{key}={expected}")
+        elif not os.access(value, X):
+            report.problem(f"slurm.conf {key}", f"{value} does not exist or is not executable",
+                           f"install slurm-nebula-power there, or {key}={expected}")
+        else:
+            report.ok(f"slurm.conf {key}", value)
+    prolog = conf.params.get("prologslurmctld", "")
+    if os.path.basename(prolog) != PROLOG:
+        report.warn("slurm.conf PrologSlurmctld", f"is {prolog or 'not set'}, not {PROLOG}",
+                    f"PrologSlurmctld={program_path(PROLOG)[0]} (a site prolog goes to [slurm] prolog_chain)")
+    private = [p.strip().lower() for p in conf.get("PrivateData").split(",")]
+    if (version is None or version < (23, 2)) and "cloud" not in private:
+        report.problem("slurm.conf PrivateData", "lacks cloud: Slurm 22.05 hides powered-down cloud nodes, "
+                       "so status and reconcile cannot see them", "add cloud to PrivateData")
+
+
+# ---- the run ------------------------------------------------------------------------------------------
+
+
+def run_checks(config_arg: str | None, environ: Mapping[str, str]) -> Report:
+    """Every check, in order; later checks are skipped only when what they need is missing."""
+    from .config import find_config, load_config
+    from .slurm import find_scontrol
+
+    report = Report()
+    try:
+        config = load_config(find_config(config_arg, environ), environ)
+    except ConfigError as exc:
+        report.problem("configuration", str(exc), "see etc/nebula-power.toml")
+        return report
+    report.ok(f"configuration {config.path}", f"cluster {config.slurm.cluster}, {len(config.nodesets)} node "
+              f"set(s), {len(config.all_nodes)} nodes")
+    conf = None
+    assert config.slurm.slurm_conf is not None
+    try:
+        conf = read_slurm_conf(config.slurm.slurm_conf)
+    except ConfigError as exc:
+        report.problem("slurm.conf", str(exc), "run check on the slurmctld host")
+    if conf is not None:
+        name = conf.get("SlurmUser")
+        try:
+            check_files(report, config, pwd.getpwnam(name))
+        except KeyError:
+            report.problem("slurm.conf SlurmUser", f"{name} does not exist on this host",
+                           "run check on the slurmctld host, or create the user")
+    try:
+        report.ok("scontrol", str(find_scontrol(config, environ)))
+    except PowerError as exc:
+        report.problem("scontrol", str(exc), "install Slurm's client commands or set [slurm] scontrol")
+    cloud = check_cloud(report, config)
+    if cloud is not None:
+        check_templates(report, config, cloud, conf)
+    if conf is not None:
+        check_coverage(report, config, conf)
+        check_timers(report, config, conf)
+        check_programs(report, conf, slurm_version(config, environ))
+    check_poweroff(report, config)
+    return report
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """slurm-nebula-power check: find now what would fail later."""
+    from .cli import _parser, parse, setup_logging
+
+    prog = "slurm-nebula-power check"
+    env = os.environ if environ is None else environ
+    parser = _parser(prog, "Check the configuration, the auth file (readable by SlurmUser, not others), "
+                     "the OpenNebula endpoint, every node set's template against slurm.conf, the node sets "
+                     "against slurm.conf's CLOUD nodes, and the power-saving timeouts and programs.")
+    parser.epilog = "exit: 0 nothing wrong (warnings allowed), 1 some problem found, 2 usage"
+    parser.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print warnings and problems only")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    setup_logging(prog, None)
+    logging.getLogger("slurm_nebula_power").setLevel(logging.ERROR)
+    report = run_checks(args.config, env)
+    shown = [f for f in report.findings if not (args.quiet and f.level == OK)]
+    if args.json:
+        print(json.dumps([asdict(f) for f in shown], indent=2))
+    else:
+        for finding in shown:
+            print(finding.line())
+        warnings = sum(f.level == WARNING for f in report.findings)
+        print(f"{len(report.problems)} problem(s), {warnings} warning(s)", file=sys.stderr)
+    return EXIT_NODES_FAILED if report.problems else EXIT_OK

@@ -1,0 +1,201 @@
+"""slurm-nebula-power check: a good deployment passes; each listed problem is found, with its fix."""
+
+from __future__ import annotations
+
+import json
+import pwd
+from pathlib import Path
+
+import pytest
+from simfixtures import AUTH, sim  # noqa: F401
+from support import Setup, make_setup
+
+from slurm_nebula_power import check
+from slurm_nebula_power.cloud import OneCloud
+from slurm_nebula_power.config import load_config
+from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.slurmconf import generate, read_shapes
+
+NODESETS = """\
+[[nodeset]]
+nodes = "gpu[01-04]"
+template = "slurm-gpu-worker"
+boot_timeout = 600
+
+[[nodeset]]
+nodes = "cpu[01-02]"
+template = "slurm-cpu-worker"
+gpus = 0
+"""
+PROLOG = "PrologSlurmctld=/opt/slurm-nebula-power/bin/slurm-nebula-prolog"
+
+
+def good_site(sim, root: Path, nodesets: str = NODESETS) -> Setup:
+    """A deployment that passes: slurm.conf made by slurm-conf's generator, SlurmUser root."""
+    site = make_setup(root, sim.endpoint, AUTH, nodesets=nodesets)
+    config = load_config(site.config, site.env)
+    shapes = [(ns, shape) for ns, shape, _ in read_shapes(config, OneCloud(config.opennebula))]
+    lines = generate(config, shapes, (22, 5))
+    conf = ["ClusterName=testcluster", "SlurmUser=root", PROLOG, *lines]
+    (root / "slurm.conf").write_text("\n".join(conf) + "\n")
+    return site
+
+
+@pytest.fixture
+def site(sim, tmp_path) -> Setup:
+    return good_site(sim, tmp_path / "site")
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new))
+
+
+def findings(site: Setup, capsys) -> tuple[int, list[dict[str, str]]]:
+    code = check.main(["--json"], site.env)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def problems(site: Setup, capsys) -> tuple[int, list[str]]:
+    code, found = findings(site, capsys)
+    return code, [f"{f['subject']}: {f['text']} -> fix: {f['fix']}" for f in found if f["level"] == "problem"]
+
+
+def test_good_deployment_passes(site, capsys) -> None:
+    code = check.main([], site.env)
+    out, err = capsys.readouterr()
+    assert code == EXIT_OK, out
+    assert [line for line in out.splitlines() if not line.startswith("ok ")] == []
+    assert "0 problem(s), 0 warning(s)" in err
+    assert "oned 6.10.0, user oneadmin, VM pool readable" in out
+    assert "template 0: 8 vCPU, 65536 MiB, 1 GPU" in out
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("CPUs=8", "CPUs=32", "NodeName=gpu[01-04]: CPUs=32 but template 0 gives 8 vCPUs: slurmd registers fewer "
+     "and the node is drained -> fix: set CPUs=8"),
+    ("RealMemory=62259", "RealMemory=70000", "NodeName=gpu[01-04]: RealMemory=70000 is above the VM's MEMORY "
+     "65536 MiB: the node is drained (Low RealMemory) -> fix: set RealMemory=62259"),
+    ("Gres=gpu:1", "Gres=gpu:2", "NodeName=gpu[01-04]: Gres has 2 GPU(s) but template 0 gives 1 -> fix: set "
+     "Gres=gpu:1"),
+    ("ResumeTimeout=900", "ResumeTimeout=300", "ResumeTimeout: 300 s is not above the longest boot_timeout "
+     "600 s: Slurm gives up on nodes still booting -> fix: set ResumeTimeout=900, or lower boot_timeout"),
+    ("SuspendTimeout=45", "SuspendTimeout=10", "SuspendTimeout: 10 s is below [power] suspend_timeout 15 s: "
+     "a terminate may still run when slurmctld reuses the node name, and a quick resume meets the old VM -> "
+     "fix: set SuspendTimeout=45, or lower suspend_timeout"),
+    ("PrivateData=cloud", "PrivateData=jobs", "PrivateData: lacks cloud"),
+    ("ResumeProgram=", "ResumeProgram=/bin/true\n#", "slurm.conf ResumeProgram: is /bin/true, not "
+     "slurm-nebula-resume -> fix: ResumeProgram=/"),
+    ("SuspendProgram=", "SuspendProgram=/nowhere/slurm-nebula-suspend\n#", "slurm.conf SuspendProgram: "
+     "/nowhere/slurm-nebula-suspend does not exist or is not executable"),
+    ("NodeName=cpu[01-02] State=CLOUD", "NodeName=cpu[01-02]", "node set cpu[01-02]: cpu[01-02] not "
+     "State=CLOUD in slurm.conf: slurmctld never powers them up or down -> fix: add State=CLOUD"),
+    ("NodeName=cpu[01-02]", "#", "node set cpu[01-02]: cpu[01-02] not in slurm.conf -> fix: add NodeName "
+     "lines with State=CLOUD (slurm-nebula-power slurm-conf prints them)"),
+    ("SlurmUser=root", "SlurmUser=root\nNodeName=gpu[05-06] State=CLOUD CPUs=8 RealMemory=1",
+     "slurm.conf gpu[05-06]: State=CLOUD but in no [[nodeset]]: resume refuses them"),
+    ("SlurmUser=root", "SlurmUser=no-such-user",
+     "slurm.conf SlurmUser: no-such-user does not exist on this host"),
+])
+def test_slurm_conf_problem_is_found_with_its_fix(site, capsys, old: str, new: str, expected: str) -> None:
+    edit(site.root / "slurm.conf", old, new)
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert any(expected in line for line in found), found
+
+
+def test_auth_file_readable_by_others_is_found(site, capsys) -> None:
+    (site.root / "one_auth").chmod(0o644)
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    [line] = found
+    assert "one_auth is accessible by group or others (mode 0644); run: chmod 600" in line
+
+
+def test_auth_file_slurm_user_cannot_read_is_found(site, capsys) -> None:
+    user = pwd.getpwnam("nobody").pw_name
+    edit(site.root / "slurm.conf", "SlurmUser=root", f"SlurmUser={user}")
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    auth = site.root / "one_auth"
+    fix = f"chown {user} {auth} && chmod 600 {auth}"
+    assert f"auth file {auth}: SlurmUser {user} has no access -> fix: {fix}" in found
+
+
+def test_wrong_credentials_are_found(site, capsys) -> None:
+    (site.root / "one_auth").write_text("oneadmin:wrong\n")
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert any(line.startswith("OpenNebula http://127.0.0.1:") and "user oneadmin refused" in line and
+               "put valid credentials" in line for line in found), found
+
+
+def test_unreachable_endpoint_is_found(site, capsys) -> None:
+    edit(site.config, "endpoint = \"http://127.0.0.1:", "endpoint = \"http://127.0.0.1:9/RPC2\"\n# ")
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    expected = "OpenNebula http://127.0.0.1:9/RPC2: unreachable: [one.system.version] connection failed"
+    assert any(expected in line for line in found), found
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ('template = "slurm-gpu-worker"', 'template = "missing"', "node set gpu[01-04] template 'missing': no VM "
+     "template named 'missing' is visible to user oneadmin -> fix: create the template"),
+    ("gpus = 0\n", "\n", "node set cpu[01-02] template 'slurm-cpu-worker': has no PCI GPU -> fix: add "
+     'PCI = [ VENDOR = "10de", CLASS = "0302" ] to the template, or set gpus = 0'),
+    ("boot_timeout = 600\n", "boot_timeout = 600\ngpus = 2\n",
+     "gives 1 GPU(s) but the node set says gpus = 2"),
+    ("gpus = 0\n", 'gpus = 0\nsuspend_action = "poweroff"\n', 'node set cpu[01-02]: suspend_action = '
+     '"poweroff": a powered-off VM keeps its GPU reserved on its host while the node is idle -> fix: use '
+     '"terminate"'),
+])
+def test_configuration_problem_is_found_with_its_fix(site, capsys, old: str, new: str, expected: str) -> None:
+    edit(site.config, old, new)
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert any(expected in line for line in found), found
+
+
+def test_prolog_other_than_ours_is_a_warning_only(site, capsys) -> None:
+    edit(site.root / "slurm.conf", PROLOG, "PrologSlurmctld=/etc/slurm/prolog.sh")
+    code, found = findings(site, capsys)
+    assert code == EXIT_OK
+    [warning] = [f for f in found if f["level"] == "warning"]
+    assert warning["text"] == "is /etc/slurm/prolog.sh, not slurm-nebula-prolog"
+    assert "prolog_chain" in warning["fix"]
+
+
+def test_every_problem_of_a_broken_setup_is_reported_in_one_run(sim, tmp_path, capsys) -> None:
+    site = good_site(sim, tmp_path / "site")
+    conf = site.root / "slurm.conf"
+    for old, new in (("CPUs=8", "CPUs=32"), ("ResumeTimeout=900", "ResumeTimeout=60"),
+                     ("SuspendTimeout=45", "SuspendTimeout=5"), ("PrivateData=cloud", "#"),
+                     ("SlurmUser=root", "SlurmUser=root\nNodeName=x1 State=CLOUD")):
+        edit(conf, old, new)
+    edit(site.config, "gpus = 0\n", 'suspend_action = "poweroff"\n')
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    for expected in ("CPUs=32 but template 0", "ResumeTimeout: 60 s", "SuspendTimeout: 5 s",
+                     "PrivateData: lacks", "x1: State=CLOUD but in no [[nodeset]]",
+                     "slurm-cpu-worker': has no PCI GPU",
+                     'suspend_action = "poweroff"'):
+        assert sum(expected in line for line in found) == 1, (expected, found)
+    assert len(found) == 7
+
+
+def test_quiet_prints_only_what_is_wrong(site, capsys) -> None:
+    edit(site.root / "slurm.conf", "CPUs=8", "CPUs=4")
+    assert check.main(["-q"], site.env) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["warning  slurm.conf NodeName=gpu[01-04]: CPUs=4 uses only 4 of the VM's 8 "
+                                "vCPUs -> fix: set CPUs=8"]
+
+
+def test_missing_configuration_is_one_problem(tmp_path, capsys) -> None:
+    code = check.main(["--config", str(tmp_path / "none.toml")], {})
+    out = capsys.readouterr().out
+    assert code == EXIT_NODES_FAILED
+    assert out.splitlines() == [f"problem  configuration: {tmp_path / 'none.toml'}: no such configuration "
+                                "file; create it from etc/nebula-power.toml -> fix: see "
+                                "etc/nebula-power.toml"]
