@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pyone
@@ -142,6 +143,33 @@ def test_ip_is_leased_at_allocation_and_released_at_done(sim: Simulator, one: py
     c = one.template.instantiate(1, "c", True, "", False)
     assert sim.vm(c).ip == "127.0.1.1", "the lowest free address is leased again"
     assert one.vm.info(a).TEMPLATE["NIC"]["IP"] == "127.0.1.1", "a DONE VM still shows the address it had"
+
+
+def test_a_large_range_starts_at_once_and_leases_lowest_free_first() -> None:
+    from slurm_nebula_power.simulator import NetworkSpec
+    from slurm_nebula_power.simulator.model import IpPool
+
+    start = time.monotonic()
+    pool = IpPool(NetworkSpec(cidr="127.64.0.0/10"))
+    assert time.monotonic() - start < 0.5, "nothing is built per address"
+    assert pool.free == 2**22 - 2
+    first = [pool.lease(i) for i in range(3)]
+    assert first == ["127.64.0.1", "127.64.0.2", "127.64.0.3"]
+    pool.release("127.64.0.2")
+    pool.release("127.64.0.1")
+    assert [pool.lease(9), pool.lease(9), pool.lease(9)] == ["127.64.0.1", "127.64.0.2", "127.64.0.4"]
+    assert pool.free == 2**22 - 2 - 4
+
+
+def test_an_exhausted_range_leases_nothing_until_an_address_comes_back() -> None:
+    from slurm_nebula_power.simulator import NetworkSpec
+    from slurm_nebula_power.simulator.model import IpPool
+
+    pool = IpPool(NetworkSpec(cidr="127.0.9.0/30"))  # two usable addresses: .1 and .2
+    assert [pool.lease(1), pool.lease(2), pool.lease(3)] == ["127.0.9.1", "127.0.9.2", None]
+    pool.release("127.0.9.2")
+    pool.release("127.0.9.2")  # twice: still one address back
+    assert (pool.free, pool.lease(4), pool.lease(5)) == (1, "127.0.9.2", None)
 
 
 def test_poweroff_keeps_the_ip(sim: Simulator, one: pyone.OneServer) -> None:

@@ -165,31 +165,38 @@ class IpPool:
 
     def __init__(self, spec: NetworkSpec) -> None:
         net = ipaddress.ip_network(spec.cidr, strict=False)
-        hosts = list(net.hosts()) if net.num_addresses > 2 else list(net)
-        self.first = int(hosts[0])
-        self.size = len(hosts)
+        edge = 1 if net.num_addresses > 2 else 0  # as net.hosts(): no network or broadcast address
+        self.first = int(net.network_address) + edge
+        self.size = net.num_addresses - 2 * edge
         self.spec = spec
         self.network = net
-        self._free = list(range(self.size))
+        # Offsets from _next on were never leased; _released (a heap) holds those given back, all below
+        # _next, so its top is the lowest free one.  Nothing is built per address: a /10 starts at once.
+        self._next = 0
+        self._released: list[int] = []
         self.used: dict[str, int] = {}
 
     def lease(self, vm_id: int) -> str | None:
         """The lowest free address, or None when the range is exhausted."""
-        if not self._free:
+        if self._released:
+            offset = heapq.heappop(self._released)
+        elif self._next < self.size:
+            offset, self._next = self._next, self._next + 1
+        else:
             return None
-        ip = str(ipaddress.IPv4Address(self.first + heapq.heappop(self._free)))
+        ip = str(ipaddress.IPv4Address(self.first + offset))
         self.used[ip] = vm_id
         return ip
 
     def release(self, ip: str) -> None:
         """Give `ip` back to the range."""
         if self.used.pop(ip, None) is not None:
-            heapq.heappush(self._free, int(ipaddress.IPv4Address(ip)) - self.first)
+            heapq.heappush(self._released, int(ipaddress.IPv4Address(ip)) - self.first)
 
     @property
     def free(self) -> int:
         """How many addresses are left."""
-        return len(self._free)
+        return len(self._released) + self.size - self._next
 
 
 def mac_for(ip: str) -> str:
