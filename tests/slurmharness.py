@@ -571,14 +571,17 @@ env = dict(os.environ, SLURM_CONF={str(self.conf)!r})
 nodes = os.environ.get("SLURM_JOB_NODELIST", "")
 job = os.environ.get("SLURM_JOB_ID", "")
 def out(*argv):
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=10).stdout.split()
+    try:  # a failing prolog would requeue the job: never fail, at worst wait for the next poll
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
 deadline = time.monotonic() + {self.resume_timeout + 30}
 while nodes and time.monotonic() < deadline:
     states = out({self.binaries["sinfo"]!r}, "-h", "-N", "-n", nodes, "-o", "%T")
     if states and not any(c in s for s in states for c in "~#%!*") and not any(
             s.startswith(("down", "drain", "fail")) for s in states):
         break
-    if out({self.binaries["squeue"]!r}, "-h", "-j", job, "-o", "%T") != ["CONFIGURING"]:
+    if out({self.binaries["squeue"]!r}, "-h", "-j", job, "-o", "%T") not in (None, ["CONFIGURING"]):
         break
     time.sleep(0.2)
 '''

@@ -81,4 +81,4 @@ def test_power_down_force_with_reason_hands_a_node_back_at_once(slurm_factory, t
     cluster.wait_for(lambda: cluster.read_jsonl(tmp_path / "suspend.jsonl"), 10, "SuspendProgram called")
     # After SuspendTimeout the node is resumed again for the requeued job, which then completes.
     cluster.wait_job(job, ["COMPLETED"], timeout=40)
-    assert cluster.node_info("cloud1")["Reason"] == "None"  # cleared when the node registered
+    assert "Reason" not in cluster.node_info("cloud1")  # cleared when the node registered
