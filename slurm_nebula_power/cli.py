@@ -71,7 +71,6 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
         handler.setFormatter(logging.Formatter(LOG_FORMAT, defaults={"prog": prog}))
         root.addHandler(handler)
     root.setLevel((config.log.level if config else "info").upper())
-    root.propagate = False
 
 
 def _report(prog: str, message: str) -> None:

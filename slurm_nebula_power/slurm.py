@@ -51,7 +51,8 @@ class NodeState:
     @property
     def powered_down(self) -> bool:
         """Powered down or on its way down: no VM should run for it."""
-        return bool(self.flags & {"POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN"})
+        # Not POWER_DOWN: that flag marks a power-down still queued, the node may be allocated.
+        return bool(self.flags & {"POWERED_DOWN", "POWERING_DOWN"})
 
     @property
     def powering_up(self) -> bool:
@@ -147,7 +148,7 @@ class Scontrol:
         names = list(nodes)
         if not names:
             return {}
-        out = self.run("show", "node", "-o", fold(names), check=False)
+        out = self.run("show", "node", "-o", fold(names))
         return parse_show_node(out)
 
 
