@@ -286,12 +286,9 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
               "gone before slurmctld reuses the node name", f"SuspendTimeout={suspend_timeout}",
               "# idle seconds before a node's VM is powered down: tune to your workload", "SuspendTime=600",
               "ResumeRate=0", "SuspendRate=0"]
-    params = ["idle_on_node_suspend"]
-    if version is None or version < (23, 11):
-        params.append("cloud_reg_addrs")
-        lines.append("# cloud_reg_addrs: slurmd registers with its VM's address (built in from Slurm 23.11 "
-                     "on: drop it there)")
-    lines.append("SlurmctldParameters=" + ",".join(params))
+    # No cloud_reg_addrs: resume sets NodeAddr from OpenNebula's lease, which cloud_reg_addrs would
+    # overwrite with whatever source address slurmd registers from (wrong on multi-NIC GPU VMs).
+    lines.append("SlurmctldParameters=idle_on_node_suspend")
     if version is None or version < (23, 2):
         lines += ["# Slurm 22.05 hides powered-down cloud nodes from sinfo/scontrol (and from status and "
                   "reconcile) without this", "PrivateData=cloud"]

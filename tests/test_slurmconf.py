@@ -115,12 +115,13 @@ def test_power_saving_lines_have_absolute_existing_program_paths(sim, setup, cap
         assert os.access(lines[key], os.X_OK)
     assert int(lines["ResumeTimeout"]) > 20, "above boot_timeout"
     assert int(lines["SuspendTimeout"]) > 15, "above [power] suspend_timeout"
-    # The fake scontrol says 22.05: cloud_reg_addrs and PrivateData=cloud are needed there.
-    assert lines["SlurmctldParameters"] == "idle_on_node_suspend,cloud_reg_addrs"
+    # The fake scontrol says 22.05: PrivateData=cloud is needed there; NodeAddr comes from resume,
+    # so never cloud_reg_addrs (it would replace the leased address with slurmd's source address).
+    assert lines["SlurmctldParameters"] == "idle_on_node_suspend"
     assert lines["PrivateData"] == "cloud"
 
 
-def test_newer_slurm_gets_neither_cloud_reg_addrs_nor_private_data(sim, setup, capsys) -> None:
+def test_newer_slurm_gets_no_private_data(sim, setup, capsys) -> None:
     setup.set_version("slurm 24.05.1")
     lines = generated(capsys, setup.env)
     assert "SlurmctldParameters=idle_on_node_suspend" in lines
