@@ -30,7 +30,7 @@ from .cloud import (
     Vm,
 )
 from .config import Config, NodeSet
-from .errors import ActionRefused, CloudError, PowerError, SlurmError
+from .errors import ActionRefused, CloudError, SlurmError
 from .hostlists import fold
 from .slurm import SlurmControl
 
@@ -265,12 +265,47 @@ def _resume(ctx: Context, boots: list[_Boot], jobs: Mapping[str, Sequence[int]],
         _watch_boots(ctx, pool, boots, templates, jobs, outcome)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    _sweep_failed(ctx, outcome)
+
+
+def _sweep_failed(ctx: Context, outcome: Outcome) -> None:
+    """After the actions drained: no VM of ours may remain for a node handed back in this run.
+
+    Catches VMs oned created for calls whose answer never reached us (a timed-out instantiate that
+    was abandoned), which no one would ever terminate.  Runs under the nodes' locks.
+    """
+    if not outcome.failed:
+        return
+    failed = outcome.failed_nodes
+    try:
+        vms = ctx.cloud.cluster_vms(ctx.cluster)
+    except CloudError as exc:
+        log.error("could not check %s for leftover VMs, reconcile will: %s", fold(failed), exc)
+        return
+    for node, leftovers in ours_by_node(vms, ctx.cluster, failed).items():
+        for vm in leftovers:
+            if vm.id not in ctx.removing:
+                log.warning("node=%s vm=%d left over after the node was handed back: removing it", node, vm.id)
+                _remove(ctx, node, vm)
+
+
+def _remove(ctx: Context, node: str, vm: Vm) -> None:
+    """Remove one VM of ours (once per run), logging the action; errors are logged, reconcile retries."""
+    ctx.removing.add(vm.id)
+    try:
+        _timed("remove", node, vm.id, lambda: remove_vm(ctx.cloud, vm))
+    except CloudError as exc:
+        log.error("node=%s vm=%d could not be removed, reconcile will: %s", node, vm.id, exc)
+
+
+def _unknown(vm_id: int, node: str) -> Vm:
+    """A VM whose state we did not see: treated as running, so removal tries terminate-hard, then delete."""
+    return Vm(id=vm_id, name=node, state=ACTIVE, lcm_state=3)
 
 
 def _start_boot(ctx: Context, boot: _Boot, plan: Plan, tid: int, extra: str) -> int:
     for duplicate in plan.extra:
-        ctx.removing.add(duplicate.id)
-        _timed(remove_vm.__name__, boot.node, duplicate.id, lambda d=duplicate: remove_vm(ctx.cloud, d))
+        _remove(ctx, boot.node, duplicate)
     if plan.action in ("resume", "release") and plan.vm is not None:
         vm_id = plan.vm.id
         _timed(plan.action, boot.node, vm_id, lambda: ctx.cloud.action(plan.action, vm_id))
@@ -280,7 +315,12 @@ def _start_boot(ctx: Context, boot: _Boot, plan: Plan, tid: int, extra: str) -> 
     if plan.action == "recreate" and plan.vm is not None:
         old = plan.vm
         log.warning("node=%s vm=%d is %s: recreating it", boot.node, old.id, old.state_name)
-        _timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
+        ctx.removing.add(old.id)
+        try:
+            _timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
+        except CloudError:
+            ctx.removing.discard(old.id)  # still ours to remove: the sweep or reconcile will
+            raise
     result: int = _timed("instantiate", boot.node, None,
                          lambda: ctx.cloud.instantiate(tid, boot.node, extra))
     return result
@@ -357,9 +397,9 @@ def _remove_duplicates(ctx: Context, pool: ThreadPoolExecutor, known: Sequence[_
     for boot in known:
         for vm in ours.get(boot.node, []):
             if vm.id != boot.vm_id and vm.id not in ctx.removing:
-                ctx.removing.add(vm.id)
+                ctx.removing.add(vm.id)  # before the pool runs it: the next poll must not submit it again
                 log.warning("node=%s vm=%d duplicates vm=%s: removing it", boot.node, vm.id, boot.vm_id)
-                pool.submit(_timed, "remove", boot.node, vm.id, lambda v=vm: remove_vm(ctx.cloud, v))
+                pool.submit(_remove, ctx, boot.node, vm)
 
 
 def _judge(ctx: Context, boot: _Boot, vm: Vm | None, now: float) -> str:
@@ -393,15 +433,12 @@ def _give_up(ctx: Context, pool: ThreadPoolExecutor, failed: list[_Boot], snapsh
     """Terminate the VMs of nodes that cannot start (no GPU stays held), then hand the nodes back."""
     removals = []
     for boot in failed:
-        vm = snapshot.get(boot.vm_id) if boot.vm_id is not None else None
+        vm = None if boot.vm_id is None else snapshot.get(boot.vm_id, _unknown(boot.vm_id, boot.node))
         log.error("node=%s vm=%s failed: %s", boot.node, boot.vm_id, reason)
-        if vm is not None:
-            removals.append(pool.submit(_timed, "remove", boot.node, vm.id, lambda v=vm: remove_vm(ctx.cloud, v)))
+        if vm is not None and vm.id not in ctx.removing:
+            removals.append(pool.submit(_remove, ctx, boot.node, vm))
     for removal in removals:
-        try:
-            removal.result()
-        except PowerError as exc:
-            log.error("could not remove a failed VM: %s", exc)
+        removal.result()
     _hand_back(ctx, outcome, [b.node for b in failed], reason)
 
 
