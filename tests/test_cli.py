@@ -152,3 +152,22 @@ def test_secret_never_logged(sim, setup) -> None:
     for s in (setup, bad):
         assert s.password not in s.log_text()
     assert "Sim-S3cret-pass" not in setup.log_text()
+
+
+def test_detach_returns_at_once_and_finishes_in_the_background(sim, setup, tmp_path) -> None:
+    sim.set_durations(prolog=0.5, boot=0.5)
+    setup.config.write_text(setup.config.read_text().replace("[power]", "[power]\ndetach = true"))
+    resume_file = tmp_path / "resume.json"
+    resume_file.write_text('{"jobs":[{"job_id":41,"nodes":"gpu[01-02]"}],"all_nodes":"gpu[01-02]"}')
+    env = {**run_env(setup), "SLURM_RESUME_FILE": str(resume_file)}
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, program("slurm-nebula-resume"), "gpu[01-02]"],
+                          env=env, timeout=60, check=False)
+    assert proc.returncode == EXIT_OK
+    assert "summary:" not in setup.log_text(), "the VMs take a second to boot: resume returned before"
+    resume_file.unlink()  # like slurmctld's memfd, gone once the program returned
+    assert "detached: gpu[01-02] continues in the background" in setup.log_text()
+    sim.wait_for(lambda: "summary: slurm-nebula-resume gpu[01-02]: 2 done" in setup.log_text(), 30)
+    for node in ("gpu01", "gpu02"):
+        [vm] = vms_of(sim, node)
+        assert (vm.state, vm.lcm_state) == (3, 3)
+        assert vm.user_template["SLURM_JOB_IDS"] == "41"
