@@ -6,7 +6,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from xml.sax.saxutils import escape
@@ -332,7 +332,7 @@ def _watch_boots(ctx: Context, pool: ThreadPoolExecutor, boots: list[_Boot],
     active = list(boots)
     interval = ctx.poll_first
     while active:
-        ctx.sleep(interval)
+        _pause(ctx, [b.future for b in active if b.future is not None], interval)
         interval = min(interval * 1.5, ctx.config.power.poll_max)
         now = ctx.clock()
         failures: dict[str, list[_Boot]] = defaultdict(list)
@@ -378,13 +378,25 @@ def _watch_boots(ctx: Context, pool: ThreadPoolExecutor, boots: list[_Boot],
                 failures[verdict].append(boot)
         if addresses:
             try:
-                ctx.slurm.set_addresses(addresses)
+                ctx.slurm.set_addresses(addresses, {b.node: b.vm_id for b in known if b.vm_id is not None})
             except SlurmError as exc:
                 log.error("could not set node addresses: %s", exc)
         for reason, failed in failures.items():
             _give_up(ctx, pool, failed, snapshot, reason, outcome)
         settled = set(outcome.done) | {b.node for b in _flat(failures)}
         active = [b for b in active if b.node not in settled]
+
+
+def _pause(ctx: Context, calls: Sequence[Future[int]], interval: float) -> None:
+    """Until the next poll: the interval, or less once every call in flight has answered.
+
+    The VMs those calls made or resumed are then worth a look at once: oned leases their addresses
+    at instantiate (NodeAddr can be set now), and a VM that boots fast is seen without a wasted pause.
+    """
+    if calls:
+        wait(calls, timeout=interval)
+    else:
+        ctx.sleep(interval)
 
 
 def _flat(failures: Mapping[str, list[_Boot]]) -> list[_Boot]:
@@ -530,10 +542,8 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
             for task in tasks:
                 if task not in pending:
                     log.info("node=%s vm=%d now %s", task.node, task.vm.id, task.vm.state_name)
-            futures = {pool.submit(_step_down, ctx, task, escalate, force, now >= deadline): task
-                       for task in pending}
-            for future, task in futures.items():
-                future.result()
+            futures = [pool.submit(_step_down, ctx, task, escalate, force, now >= deadline) for task in pending]
+            acted = [future.result() for future in futures]
             tasks = pending
             tasks = [t for t in tasks if t.issued != "recover-delete"]
             if now >= deadline:
@@ -543,8 +553,9 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
                 break
             if not tasks:
                 break
-            ctx.sleep(interval)
-            interval = min(interval * 1.5, config.power.poll_max)
+            if not any(acted):  # actions just issued are looked at once: some end at once (PENDING, failed)
+                ctx.sleep(interval)
+                interval = min(interval * 1.5, config.power.poll_max)
             try:
                 snapshot = {vm.id: vm for vm in ctx.cloud.cluster_vms(ctx.cluster)}
             except CloudError as exc:
@@ -564,16 +575,18 @@ def _gone(vm: Vm) -> Vm:
     return Vm(id=vm.id, name=vm.name, state=DONE, lcm_state=0, user_template=vm.user_template)
 
 
-def _step_down(ctx: Context, task: _Down, escalate: bool, force: bool, last: bool) -> None:
+def _step_down(ctx: Context, task: _Down, escalate: bool, force: bool, last: bool) -> bool:
+    """Issue the next action for one VM if it needs one; True when an action was issued now."""
     vm = task.vm
+    before = task.issued
     action = next_down_action(task.action, vm, escalate)
     if force and last and task.action == "terminate":
         action = "recover-delete"
     if action is None:
         log.debug("node=%s vm=%d in %s: waiting until it can be acted on", task.node, vm.id, vm.state_name)
-        return
+        return False
     if action == task.issued:
-        return
+        return False
     try:
         if action == "recover-delete":
             _timed(action, task.node, vm.id, lambda: ctx.cloud.recover_delete(vm.id))
@@ -587,3 +600,4 @@ def _step_down(ctx: Context, task: _Down, escalate: bool, force: bool, last: boo
             task.issued = "recover-delete"
     except CloudError as exc:
         log.warning("node=%s vm=%d %s failed, will retry: %s", task.node, vm.id, action, exc)
+    return task.issued != before

@@ -27,8 +27,8 @@ RESUME_AFTER = 60
 class SlurmControl(Protocol):
     """What power.py needs of Slurm."""
 
-    def set_addresses(self, addresses: Mapping[str, str]) -> None:
-        """Tell slurmctld each node's address (NodeAddr) and hostname."""
+    def set_addresses(self, addresses: Mapping[str, str], instances: Mapping[str, int] | None = None) -> None:
+        """Tell slurmctld each node's address (NodeAddr) and hostname, and its VM id where Slurm keeps it."""
 
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Give nodes that cannot start back to Slurm now, so their jobs requeue."""
@@ -117,14 +117,22 @@ class Scontrol:
         log.info("scontrol update %s", " ".join(settings))
         self.run("update", *settings)
 
-    def set_addresses(self, addresses: Mapping[str, str]) -> None:
-        """NodeAddr/NodeHostname updates, batched: names and addresses as matching comma lists."""
+    def set_addresses(self, addresses: Mapping[str, str], instances: Mapping[str, int] | None = None) -> None:
+        """NodeAddr/NodeHostname updates, batched: names and addresses as matching comma lists.
+
+        From Slurm 23.11 the VM id is recorded too (InstanceId, shown by `scontrol show node`); slurmctld
+        splits only NodeAddr/NodeHostname lists per node, so InstanceId takes one update per node.
+        """
         items = sorted(addresses.items())
         for start in range(0, len(items), BATCH):
             chunk = items[start:start + BATCH]
             names = ",".join(name for name, _ in chunk)
             self.update(f"NodeName={names}", "NodeAddr=" + ",".join(ip for _, ip in chunk),
                         f"NodeHostname={names}")
+        if instances and self.version() >= (23, 11):
+            for name, _ in items:
+                if name in instances:
+                    self.update(f"NodeName={name}", f"InstanceId={instances[name]}", "InstanceType=opennebula")
 
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Hand failed nodes back so their jobs requeue now and the nodes return to the cloud pool.
@@ -189,7 +197,7 @@ class PrintedSlurm:
         self.commands.append(["scontrol", "update", *settings])
         self.emit("would run: scontrol update " + " ".join(settings))
 
-    def set_addresses(self, addresses: Mapping[str, str]) -> None:
+    def set_addresses(self, addresses: Mapping[str, str], instances: Mapping[str, int] | None = None) -> None:
         """Show the NodeAddr update."""
         items = sorted(addresses.items())
         names = ",".join(name for name, _ in items)

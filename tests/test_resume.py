@@ -180,3 +180,16 @@ def test_newer_slurm_hands_back_with_resume_after(tmp_path) -> None:
         assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
         [handback] = [u for u in setup.updates() if "State=DOWN" in u]
         assert handback[0] == "NodeName=gpu01" and "ResumeAfter=60" in handback
+
+
+def test_slurm_23_11_records_the_vm_id_as_instance_id(sim, setup) -> None:
+    setup.set_version("slurm 23.11.4")
+    assert resume_main(["gpu[01-02]"], setup.env) == EXIT_OK
+    for node in ("gpu01", "gpu02"):
+        [vm] = vms_of(sim, node)
+        assert [f"NodeName={node}", f"InstanceId={vm.id}", "InstanceType=opennebula"] in setup.updates()
+
+
+def test_slurm_22_05_gets_no_instance_id(sim, setup) -> None:
+    assert resume_main(["gpu[01-02]"], setup.env) == EXIT_OK
+    assert not [u for u in setup.updates() if any(a.startswith("InstanceId=") for a in u)]
