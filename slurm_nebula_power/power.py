@@ -431,6 +431,8 @@ def _judge(ctx: Context, boot: _Boot, vm: Vm | None, now: float) -> str:
         return ""
     if vm.state == PENDING and vm.sched_message:
         return "no host with a free GPU (VM PENDING past boot_timeout)"
+    if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
+        return f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s (RUNNING)"
     return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"
 
 

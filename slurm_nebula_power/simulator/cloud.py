@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from slurm_nebula_power.simulator import states as S
 from slurm_nebula_power.simulator.config import Durations, Faults, SimConfig
 from slurm_nebula_power.simulator.model import History, Host, IpPool, PciSlot, Vm
 from slurm_nebula_power.simulator.states import OneError
-from slurm_nebula_power.simulator.templates import Template, parse_template
+from slurm_nebula_power.simulator.templates import Template, merge, parse_template, vectors
 from slurm_nebula_power.simulator.vmbuild import (
     BuildError,
     assign_pci,
@@ -47,6 +48,7 @@ class HookEvent:
     name: str
     ip: str
     context: dict[str, str]
+    token: str = ""  # the VM's OneGate token (CONTEXT TOKEN=YES), as the context packages' TOKENTXT
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Cloud:
         self.durations: Durations = cfg.durations
         self.faults: Faults = cfg.faults
         self.authorized = True
+        self.onegate_endpoint = ""  # set by the server once bound: where PUT /vm (OneGate) is served
         self.next_id = 0
         self.events: list[HookEvent] = []
         self._pending: set[int] = set()
@@ -103,7 +106,7 @@ class Cloud:
         vm_name = name or f"{spec.name}-{vm_id}"
         try:
             built = build_vm_templates(base, extra, vm_id, vm_name, template_id, user.uid, user.uname,
-                                       self.ips)
+                                       self.ips, self.onegate_endpoint)
         except BuildError as exc:
             raise OneError(S.ALLOCATE, str(exc), obj="virtual machine") from None
         self.next_id += 1
@@ -112,6 +115,8 @@ class Cloud:
                 state=S.INIT, cpu_units=built.cpu_units, memory_kb=built.memory_kb,
                 pci_requests=built.pci_requests, ips=built.ips)
         vm.stuck = self._draw("stuck", vm.id, 0) < self.faults.stuck_pending_rate
+        if any(c.get("TOKEN", "").upper() == "YES" for c in vectors(vm.template, "CONTEXT")):
+            vm.onegate_token = secrets.token_hex(16)
         self.vms[vm_id] = vm
         self.locked_set_state(vm, S.HOLD if hold else state)
         return vm
@@ -153,7 +158,12 @@ class Cloud:
 
     def _event(self, kind: str, vm: Vm) -> HookEvent:
         context = next((v for v in vm.template.get("CONTEXT", ()) if isinstance(v, dict)), {})
-        return HookEvent(kind, vm.id, vm.name, vm.ips[0] if vm.ips else "", dict(context))
+        return HookEvent(kind, vm.id, vm.name, vm.ips[0] if vm.ips else "", dict(context), vm.onegate_token)
+
+    def locked_update_user_template(self, vm: Vm, tmpl: Template, merge_it: bool) -> None:
+        """one.vm.update: replace USER_TEMPLATE (type 0) or merge into it (type 1, what OneGate's PUT /vm does)."""
+        vm.user_template = merge(vm.user_template, tmpl) if merge_it else {k: list(v) for k, v in tmpl.items()}
+        vm.touch()
 
     def locked_release_host(self, vm: Vm) -> None:
         """Free the host share `vm` holds (end of terminate, undeploy, stop; delete-recreate; delete)."""

@@ -21,6 +21,8 @@ def context_file_text(event: HookEvent) -> str:
     context = dict(event.context)
     if event.ip:
         context.setdefault("ETH0_IP", event.ip)
+    if event.token:
+        context.setdefault("TOKENTXT", event.token)  # one_env carries the token.txt of TOKEN=YES
     lines = []
     for key in sorted(context):
         quoted = context[key].replace("'", "'\"'\"'")

@@ -69,6 +69,7 @@ class Vm:
     phase_seq: int = 0  # invalidates queued phase deadlines
     deadline: float = 0.0
     boot_attempts: int = 0
+    onegate_token: str = ""  # with CONTEXT TOKEN=YES: what the guest's token.txt holds
     version: int = 0
 
     def touch(self) -> None:

@@ -62,6 +62,7 @@ class Api:
             "one.vm.action": (self.vm_action, "si", ""),
             "one.vm.info": (self.vm_info, "i", "b"),
             "one.vm.recover": (self.vm_recover, "ii", ""),
+            "one.vm.update": (self.vm_update, "isi", ""),
             "one.vmpool.info": (self.vmpool_info, "iiii", "s"),
             "one.vmpool.infoextended": (self.vmpool_infoextended, "iiii", "s"),
             "one.templatepool.info": (self.templatepool_info, "iii", ""),
@@ -149,6 +150,40 @@ class Api:
         """one.vm.recover: the VM's id."""
         with self.cloud.lock:
             return vm_recover(self.cloud, vm_id, op)
+
+    def vm_update(self, user: User, vm_id: int, text: str, update_type: int) -> int:
+        """one.vm.update: replace (0) or merge into (1) the VM's USER_TEMPLATE; the VM's id."""
+        if update_type not in (0, 1):
+            raise OneError(S.XML_RPC_API, "Wrong update type")
+        try:
+            tmpl = parse_template(text)
+        except TemplateSyntaxError as exc:
+            raise OneError(S.INTERNAL, f"Cannot update template. {exc}") from None
+        with self.cloud.lock:
+            vm = self.cloud.vms.get(vm_id)
+            if vm is None:
+                raise OneError(S.NO_EXISTS, "", vm_id)
+            self.cloud.locked_update_user_template(vm, tmpl, update_type == 1)
+            return vm_id
+
+    def onegate_put_vm(self, vm_id: str, token: str, body: str) -> tuple[int, str]:
+        """OneGate's `PUT /vm`: the guest merges `body` into its USER_TEMPLATE (e.g. READY=YES).
+
+        Authenticated by the X-ONEGATE-VMID and X-ONEGATE-TOKEN headers: the token is the one the VM's
+        CONTEXT TOKEN=YES gave it. Answers (HTTP status, text) as onegate-server does: 200 and an empty
+        body, 401 `Not authorized`, 500 with the update's error.
+        """
+        self.count("onegate.vm.update")
+        with self.cloud.lock:
+            vm = self.cloud.vms.get(int(vm_id)) if vm_id.strip().isdigit() else None
+            if vm is None or not vm.onegate_token or not secrets.compare_digest(token, vm.onegate_token):
+                return 401, "Not authorized"
+            try:
+                tmpl = parse_template(body)
+            except TemplateSyntaxError as exc:
+                return 500, f"[one.vm.update] Cannot update template. {exc}"
+            self.cloud.locked_update_user_template(vm, tmpl, True)
+            return 200, ""
 
     def vm_info(self, user: User, vm_id: int, decrypt: bool = False) -> str:
         """one.vm.info: the full <VM> body (DONE VMs included, as oned keeps them)."""

@@ -60,6 +60,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._plain(405, "XML-RPC needs POST\n")
 
+    def do_PUT(self) -> None:
+        # OneGate's `PUT /vm` (the guest's READY=YES), served beside /RPC2: CONTEXT's ONEGATE_ENDPOINT.
+        if self.path.split("?", 1)[0] != "/vm":
+            self._plain(404, "only PUT /vm (OneGate) is served\n")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode("utf-8", errors="replace")
+        code, text = self.server.rpc.api.onegate_put_vm(self.headers.get("X-ONEGATE-VMID", ""),
+                                                        self.headers.get("X-ONEGATE-TOKEN", ""), body)
+        self._plain(code, text)
+
     def _plain(self, code: int, body: str) -> None:
         data = body.encode()
         self.send_response(code)
@@ -98,6 +109,8 @@ class RpcServer:
         self.log_requests = log_requests
         self.httpd = _HttpServer((check_loopback(host), port), _Handler)
         self.httpd.rpc = self
+        host, port = self.address
+        cloud.onegate_endpoint = f"http://{host}:{port}"  # OneGate's PUT /vm is served here too
         self.stopping = threading.Event()
         self.unhang = threading.Event()
         self._lock = threading.Lock()

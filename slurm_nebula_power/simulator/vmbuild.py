@@ -29,8 +29,12 @@ class Built:
 
 
 def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, template_id: int,
-                       uid: int, uname: str, ips: IpPool) -> Built:
-    """Merge, split into TEMPLATE/USER_TEMPLATE, lease NIC addresses and fill CONTEXT as oned does."""
+                       uid: int, uname: str, ips: IpPool, onegate_endpoint: str = "") -> Built:
+    """Merge, split into TEMPLATE/USER_TEMPLATE, lease NIC addresses and fill CONTEXT as oned does.
+
+    With CONTEXT TOKEN=YES and an `onegate_endpoint`, CONTEXT gets ONEGATE_ENDPOINT and VMID, as oned's
+    generate_token_context adds them (oned.conf's ONEGATE_ENDPOINT).
+    """
     merged = merge(base, extra)
     merged.pop("NAME", None)  # VMTemplateInstantiate erases NAME; the VM name is the call's argument
     vm_tmpl, user_tmpl = split_vm_template(merged)
@@ -54,7 +58,10 @@ def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, t
     if contexts:
         names = {"NAME": name, "VMID": str(vm_id), "UID": str(uid), "UNAME": uname,
                  "TEMPLATE_ID": str(template_id)}
-        vm_tmpl["CONTEXT"] = [_context(contexts[0], nics, ips, vm_tmpl, user_tmpl, names)]
+        context = _context(contexts[0], nics, ips, vm_tmpl, user_tmpl, names)
+        if onegate_endpoint and context.get("TOKEN", "").upper() == "YES":
+            context.update(ONEGATE_ENDPOINT=onegate_endpoint, VMID=str(vm_id))
+        vm_tmpl["CONTEXT"] = [context]
     try:
         cpu_units = round(float(first(vm_tmpl, "CPU", "0")) * 100)
         memory_kb = int(first(vm_tmpl, "MEMORY", "0")) * 1024

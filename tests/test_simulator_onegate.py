@@ -1,0 +1,186 @@
+"""The simulator's guest side: one.vm.update, OneGate's PUT /vm, and the CONTEXT that TOKEN=YES gives."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pyone
+import pytest
+
+from slurm_nebula_power.cli import resume_main
+from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.simulator import Durations, SimConfig, running_simulator
+from slurm_nebula_power.simulator.cloud import HookEvent
+from slurm_nebula_power.simulator.hooks import context_file_text
+from simfixtures import AUTH, setup, sim, vms_of  # noqa: F401
+from support import make_setup
+
+
+def _running(sim, one, template_id: int = 0, name: str = "gpu01", extra: str = "") -> int:
+    vm_id = one.template.instantiate(template_id, name, False, extra, False)
+    sim.wait_for(lambda: sim.vm(vm_id).state_str == "RUNNING", 5)
+    return vm_id
+
+
+def _put(endpoint: str, vm_id: object, token: str, body: str = "READY=YES") -> tuple[int, str]:
+    request = urllib.request.Request(f"{endpoint}/vm", data=body.encode(), method="PUT",
+                                     headers={"X-ONEGATE-TOKEN": token, "X-ONEGATE-VMID": str(vm_id)})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback only
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _token(sim, vm_id: int) -> str:
+    with sim.cloud.lock:
+        return sim.cloud.vms[vm_id].onegate_token
+
+
+def test_token_yes_adds_onegate_endpoint_and_vmid_to_context(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one)  # template 0 has CONTEXT TOKEN=YES
+    context = sim.vm(vm_id).template["CONTEXT"]
+    assert context["ONEGATE_ENDPOINT"] == sim.endpoint.removesuffix("/RPC2")
+    assert context["VMID"] == str(vm_id)
+    assert len(_token(sim, vm_id)) == 32
+    # one.vm.info shows the same CONTEXT (oned keeps ONEGATE_ENDPOINT and VMID there); never the token
+    info = one.vm.info(vm_id)
+    assert info.TEMPLATE["CONTEXT"]["ONEGATE_ENDPOINT"] == context["ONEGATE_ENDPOINT"]
+    assert _token(sim, vm_id) not in str(info.TEMPLATE)
+
+
+def test_without_token_there_is_no_onegate(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one, extra='CONTEXT = [ NETWORK = "YES" ]')
+    assert "ONEGATE_ENDPOINT" not in sim.vm(vm_id).template["CONTEXT"]
+    assert _token(sim, vm_id) == ""
+    assert _put(sim.endpoint.removesuffix("/RPC2"), vm_id, "") == (401, "Not authorized")
+
+
+def test_put_vm_with_the_vms_token_merges_ready_into_user_template(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one, extra='SLURM_NODENAME = "gpu01"')
+    endpoint = sim.vm(vm_id).template["CONTEXT"]["ONEGATE_ENDPOINT"]
+    assert _put(endpoint, vm_id, _token(sim, vm_id)) == (200, "")
+    user = one.vm.info(vm_id).USER_TEMPLATE
+    assert user["READY"] == "YES" and user["SLURM_NODENAME"] == "gpu01"  # merged, nothing else lost
+    assert sim.stats()["calls"]["onegate.vm.update"] == 1
+
+
+@pytest.mark.parametrize(("vm_offset", "token", "body", "expect"), [
+    (0, "wrong", "READY=YES", (401, "Not authorized")),
+    (1, None, "READY=YES", (401, "Not authorized")),  # another VM's id with this VM's token
+    (0, None, "READY = [", None),  # a template that does not parse: 500 with the update's error
+])
+def test_put_vm_refusals(sim, vm_offset, token, body, expect) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    first = _running(sim, one, name="a")
+    second = _running(sim, one, name="b")
+    endpoint = sim.endpoint.removesuffix("/RPC2")
+    code, text = _put(endpoint, [first, second][vm_offset], token or _token(sim, first), body)
+    if expect is None:
+        assert code == 500 and text.startswith("[one.vm.update] Cannot update template.")
+    else:
+        assert (code, text) == expect
+    assert "READY" not in sim.vm(first).user_template and "READY" not in sim.vm(second).user_template
+
+
+def test_vm_update_merge_and_replace_through_pyone(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one, extra='SLURM_NODENAME = "gpu01"\nKEEP = "x"')
+    assert one.vm.update(vm_id, 'READY = "YES"\nKEEP = "y"', 1) == vm_id
+    user = one.vm.info(vm_id).USER_TEMPLATE
+    assert (user["READY"], user["KEEP"], user["SLURM_NODENAME"]) == ("YES", "y", "gpu01")
+    assert one.vm.update(vm_id, 'ONLY = "this"', 0) == vm_id
+    user = one.vm.info(vm_id).USER_TEMPLATE
+    assert user.get("ONLY") == "this" and "READY" not in user and "SLURM_NODENAME" not in user
+
+
+@pytest.mark.parametrize(("args", "code", "text"), [
+    ((99, 'READY = "YES"', 1), 0x400, "[one.vm.update] Error getting virtual machine [99]."),
+    ((0, 'READY = "YES"', 2), 0x1000, "[one.vm.update] Wrong update type"),
+    ((0, "READY = [", 1), 0x2000, "[one.vm.update] Cannot update template. Parse error"),
+])
+def test_vm_update_errors(sim, args, code, text) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    _running(sim, one)
+    with pytest.raises(pyone.OneException) as raised:
+        one.vm.update(*args)
+    assert str(raised.value).startswith(text)
+    reply = __import__("xmlrpc.client").client.ServerProxy(sim.endpoint).one.vm.update(sim.auth, *args)
+    assert reply[0] is False and reply[2] == code
+
+
+def test_hook_context_file_carries_the_token_as_tokentxt() -> None:
+    event = HookEvent("running", 3, "gpu01", "127.0.1.4", {"VMID": "3", "ONEGATE_ENDPOINT": "http://x"}, "abc")
+    text = context_file_text(event)
+    assert "TOKENTXT='abc'\n" in text and "VMID='3'\n" in text
+    assert "TOKENTXT" not in context_file_text(HookEvent("running", 3, "gpu01", "", {}))
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_context_packages_curl_call_reports_ready(tmp_path: Path) -> None:
+    """A hook doing exactly what one-context's net-99-report-ready does with curl sets READY=YES."""
+    hook = tmp_path / "report-ready.sh"
+    hook.write_text('#!/bin/sh\n. "$ONE_VM_CONTEXT"\n'
+                    'curl -sf -X PUT "${ONEGATE_ENDPOINT}/vm" --header "X-ONEGATE-TOKEN: $TOKENTXT" '
+                    '--header "X-ONEGATE-VMID: $VMID" --max-time 10 -d "READY=YES"\n')
+    config = SimConfig(durations=Durations(0, 0, 0, 0), on_running=("/bin/sh", str(hook)))
+    with running_simulator(config, auth=AUTH) as sim:
+        one = pyone.OneServer(sim.endpoint, session=sim.auth)
+        vm_id = one.template.instantiate(0, "gpu01", False, "", False)
+        sim.wait_for(lambda: sim.vm(vm_id).user_template.get("READY") == "YES", 10)
+
+
+# ---- resume with wait_for = "ready" ---------------------------------------------------------------
+
+READY_SETS = """
+[[nodeset]]
+nodes = "gpu[01-02]"
+template = "slurm-gpu-worker"
+boot_timeout = {timeout}
+wait_for = "ready"
+"""
+
+
+def test_resume_waits_for_the_guests_ready(tmp_path: Path, sim) -> None:
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=20))
+    stop = threading.Event()
+
+    def guest() -> None:  # plays the guest: once a VM of ours runs, report READY through OneGate
+        reported: set[int] = set()
+        while not stop.is_set():
+            for vm in sim.vms():
+                if vm.state_str == "RUNNING" and vm.id not in reported:
+                    context = vm.template["CONTEXT"]
+                    stop.wait(0.5)  # RUNNING a while before READY: resume must not stop at RUNNING
+                    _put(context["ONEGATE_ENDPOINT"], vm.id, _token(sim, vm.id))
+                    reported.add(vm.id)
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=guest, daemon=True)
+    thread.start()
+    try:
+        assert resume_main(["gpu[01-02]"], setup.env) == EXIT_OK
+        for node in ("gpu01", "gpu02"):
+            [vm] = vms_of(sim, node)
+            assert vm.user_template["READY"] == "YES"  # resume returned only once the guest said so
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def test_resume_hands_back_a_node_whose_guest_never_reports_ready(tmp_path: Path, sim) -> None:
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=1.5))
+    assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
+    sim.wait_for(lambda: vms_of(sim, "gpu01") == [], 10)  # its VM was terminated: no GPU held
+    [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert handback[0] == "NodeName=gpu01"
+    assert "READY=YES" in " ".join(handback)
