@@ -260,6 +260,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("slurm_nebula_power.check:main", "find configuration, credential, template and slurm.conf problems"),
     "reconcile": ("slurm_nebula_power.reconcile:main", "repair drift: orphan VMs, vanished VMs, stuck boots"),
     "slurm-conf": ("slurm_nebula_power.slurmconf:main", "print slurm.conf lines derived from the templates"),
+    "template": ("slurm_nebula_power.template:main", "print a node set's VM template for onetemplate create"),
 }
 
 

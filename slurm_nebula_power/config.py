@@ -199,6 +199,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
 }
 # Keys a node set may carry for `slurm-nebula-power template` and `slurm-conf`; validated by those commands.
+# `template` needs vcpu, memory_mb, network, controller and munge_key_file; the GPU keys default to one
+# NVIDIA GPU (10de, class 0302) once any of them is given; ib_network is needed with ib_vendor/ib_device.
 NODESET_OPTIONS: dict[str, Key] = {
     "cpu": Key(NUMBER, None, _positive),
     "vcpu": Key((int,), None, _positive),
@@ -211,6 +213,7 @@ NODESET_OPTIONS: dict[str, Key] = {
     "gpu_type": Key((str,), None),
     "ib_vendor": Key((str,), None),
     "ib_device": Key((str,), None),
+    "ib_network": Key((str,), None),  # the virtual network of the InfiniBand SR-IOV NIC (PCI TYPE=NIC)
     "network": Key((str,), None),
     "image": Key((str,), None),
     "features": Key((str,), None),

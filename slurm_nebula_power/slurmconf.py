@@ -288,7 +288,9 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
               "ResumeRate=0", "SuspendRate=0"]
     # No cloud_reg_addrs: resume sets NodeAddr from OpenNebula's lease, which cloud_reg_addrs would
     # overwrite with whatever source address slurmd registers from (wrong on multi-NIC GPU VMs).
-    lines.append("SlurmctldParameters=idle_on_node_suspend")
+    # Nodes booted by the worker bootstrap (a node set with `controller`) fetch slurm.conf from slurmctld.
+    configless = any(ns.options.get("controller") for ns in config.nodesets)
+    lines.append("SlurmctldParameters=idle_on_node_suspend" + (",enable_configless" if configless else ""))
     if version is None or version < (23, 2):
         lines += ["# Slurm 22.05 hides powered-down cloud nodes from sinfo/scontrol (and from status and "
                   "reconcile) without this", "PrivateData=cloud"]

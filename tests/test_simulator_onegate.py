@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pyone
 import pytest
+from simfixtures import AUTH, setup, sim, vms_of
+from support import make_setup
 
 from slurm_nebula_power.cli import resume_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 from slurm_nebula_power.simulator import Durations, SimConfig, running_simulator
 from slurm_nebula_power.simulator.cloud import HookEvent
 from slurm_nebula_power.simulator.hooks import context_file_text
-from simfixtures import AUTH, setup, sim, vms_of  # noqa: F401
-from support import make_setup
 
 
 def _running(sim, one, template_id: int = 0, name: str = "gpu01", extra: str = "") -> int:
@@ -32,7 +32,7 @@ def _put(endpoint: str, vm_id: object, token: str, body: str = "READY=YES") -> t
     request = urllib.request.Request(f"{endpoint}/vm", data=body.encode(), method="PUT",
                                      headers={"X-ONEGATE-TOKEN": token, "X-ONEGATE-VMID": str(vm_id)})
     try:
-        with urllib.request.urlopen(request, timeout=5) as answer:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(request, timeout=5) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -119,7 +119,8 @@ def test_vm_update_errors(sim, args, code, text) -> None:
 
 
 def test_hook_context_file_carries_the_token_as_tokentxt() -> None:
-    event = HookEvent("running", 3, "gpu01", "127.0.1.4", {"VMID": "3", "ONEGATE_ENDPOINT": "http://x"}, "abc")
+    context = {"VMID": "3", "ONEGATE_ENDPOINT": "http://x"}
+    event = HookEvent("running", 3, "gpu01", "127.0.1.4", context, "abc")
     text = context_file_text(event)
     assert "TOKENTXT='abc'\n" in text and "VMID='3'\n" in text
     assert "TOKENTXT" not in context_file_text(HookEvent("running", 3, "gpu01", "", {}))

@@ -154,8 +154,8 @@ def test_boots_the_node_from_a_context_file(worker: Worker) -> None:
     assert run.args("munged") == [""]
     assert run.args("slurmd") == ["-N gpu01 --conf-server ctl.example:6817 -b"]
     [curl] = run.args("curl")
-    assert curl == (f"-sS -f -X PUT http://127.0.0.1:5030/vm --max-time 10 --retry 3 -H X-ONEGATE-TOKEN: {TOKEN} "
-                    "-H X-ONEGATE-VMID: 7 -d READY=YES")
+    assert curl == ("-sS -f -X PUT http://127.0.0.1:5030/vm --max-time 10 --retry 3 "
+                    f"-H X-ONEGATE-TOKEN: {TOKEN} -H X-ONEGATE-VMID: 7 -d READY=YES")
     assert os.access(run.ready, os.X_OK) and subprocess.run([str(run.ready)]).returncode == 0
     munge_run = worker.root / "run-munge"
     assert munge_run.stat().st_uid == MUNGE.pw_uid
@@ -187,7 +187,8 @@ def test_context_from_the_context_packages_one_env(worker: Worker) -> None:
 
 
 def test_an_existing_key_is_replaced(worker: Worker) -> None:
-    worker.run(str(worker.context_file(**full_context(MUNGE_KEY_BASE64=base64.b64encode(b"x" * 64).decode()))))
+    other = base64.b64encode(b"x" * 64).decode()
+    worker.run(str(worker.context_file(**full_context(MUNGE_KEY_BASE64=other))))
     run = worker.run(str(worker.context_file(**full_context())))
     assert run.code == 0 and run.key.read_bytes() == KEY
     assert sorted(p.name for p in run.key.parent.iterdir()) == ["munge.key"]  # no temporary left behind
@@ -256,7 +257,8 @@ def test_refuses_when_slurmd_fails(worker: Worker) -> None:
     worker.fail("slurmd", 1)
     run = worker.run(str(worker.context_file(**full_context())))
     assert run.code == 4
-    assert "REFUSED: slurmd did not start for node gpu01 against ctl.example:6817: exited with 1" in run.console
+    message = "REFUSED: slurmd did not start for node gpu01 against ctl.example:6817: exited with 1"
+    assert message in run.console
     assert not run.ready.exists() and run.args("curl") == []
 
 
@@ -293,14 +295,16 @@ def test_onegate_token_from_onegate_token_variable(worker: Worker) -> None:
 
 def test_the_onegate_command_is_used_when_installed(worker: Worker) -> None:
     worker.stub("onegate")
-    run = worker.run(str(worker.context_file(**full_context())), env={"WORKER_ONEGATE": str(worker.stubs / "onegate")})
+    run = worker.run(str(worker.context_file(**full_context())),
+                     env={"WORKER_ONEGATE": str(worker.stubs / "onegate")})
     assert run.code == 0 and run.args("onegate") == ["vm update --data READY=YES"] and run.args("curl") == []
 
 
 def test_systemd_mode_restarts_munge_and_runs_slurmd_in_a_unit_of_its_own(worker: Worker) -> None:
     run = worker.run(str(worker.context_file(**full_context())), env={"WORKER_INIT": "systemd"})
     assert run.code == 0, run.stderr
-    assert run.args("systemctl") == ["restart munge.service", "stop slurmd.service slurm-nebula-slurmd.service",
+    assert run.args("systemctl") == ["restart munge.service",
+                                     "stop slurmd.service slurm-nebula-slurmd.service",
                                      "reset-failed slurm-nebula-slurmd.service"]
     [systemd_run] = run.args("systemd-run")
     assert systemd_run.startswith("--unit=slurm-nebula-slurmd --description=Slurm node daemon for gpu01")

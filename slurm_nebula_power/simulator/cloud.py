@@ -161,8 +161,9 @@ class Cloud:
         return HookEvent(kind, vm.id, vm.name, vm.ips[0] if vm.ips else "", dict(context), vm.onegate_token)
 
     def locked_update_user_template(self, vm: Vm, tmpl: Template, merge_it: bool) -> None:
-        """one.vm.update: replace USER_TEMPLATE (type 0) or merge into it (type 1, what OneGate's PUT /vm does)."""
-        vm.user_template = merge(vm.user_template, tmpl) if merge_it else {k: list(v) for k, v in tmpl.items()}
+        """one.vm.update: replace USER_TEMPLATE (type 0) or merge into it (type 1, as OneGate's PUT /vm)."""
+        replaced = {key: list(values) for key, values in tmpl.items()}
+        vm.user_template = merge(vm.user_template, tmpl) if merge_it else replaced
         vm.touch()
 
     def locked_release_host(self, vm: Vm) -> None:

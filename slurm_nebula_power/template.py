@@ -1,0 +1,228 @@
+"""`slurm-nebula-power template`: a node set's OpenNebula VM template, ready for `onetemplate create`.
+
+The template boots a VM straight into its Slurm node: CONTEXT carries the node name, the controller, the
+munge key and the worker bootstrap (worker/slurm-nebula-worker.sh) as START_SCRIPT_BASE64, which the
+context packages run at every boot.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import __version__
+from .errors import EXIT_OK, ConfigError, PowerError, UsageError
+
+if TYPE_CHECKING:
+    from .config import Config, NodeSet
+
+WORKER_SCRIPT = "worker/slurm-nebula-worker.sh"
+# The worker writes this only once slurmd started on this boot; the context packages' REPORT_READY runs
+# it first and reports READY=YES only when it succeeds (one-context 6.4+; older ones report regardless,
+# and the worker reports READY itself anyway).
+READY_SCRIPT_PATH = "/run/slurm-nebula-worker/ready"
+DEFAULT_GPU_VENDOR = "10de"  # NVIDIA
+DEFAULT_GPU_CLASS = "0302"  # 3D controller: datacenter GPUs (A100, H100, L40S, ...)
+MIN_MUNGE_KEY = 32  # bytes: munged refuses shorter keys
+_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+
+
+def worker_script() -> bytes:
+    """The shipped worker bootstrap, as installed with the package."""
+    return resources.files("slurm_nebula_power").joinpath(WORKER_SCRIPT).read_bytes()
+
+
+def pick_nodeset(config: Config, wanted: str | None) -> tuple[int, NodeSet]:
+    """The node set named by --nodeset (its nodes expression, or nodes of it), or the only one."""
+    from .hostlists import expand
+
+    if wanted is None:
+        if len(config.nodesets) == 1:
+            return 0, config.nodesets[0]
+        raise UsageError("several node sets: choose one with --nodeset (" +
+                         ", ".join(ns.nodes_expr for ns in config.nodesets) + ")")
+    for index, nodeset in enumerate(config.nodesets):
+        if nodeset.nodes_expr == wanted:
+            return index, nodeset
+    nodes = set(expand(wanted))
+    for index, nodeset in enumerate(config.nodesets):
+        if nodes <= set(nodeset.nodes):
+            return index, nodeset
+    raise UsageError(f"--nodeset {wanted}: not the nodes of one node set (" +
+                     ", ".join(ns.nodes_expr for ns in config.nodesets) + ")")
+
+
+class _Options:
+    """A node set's options, each error naming the file and the key."""
+
+    def __init__(self, config: Config, index: int, nodeset: NodeSet) -> None:
+        self.path = config.path
+        self.prefix = f"nodeset[{index}]"
+        self.opts: Mapping[str, Any] = nodeset.options
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {self.prefix}.{key}: {problem}")
+
+    def required(self, key: str, why: str) -> Any:
+        if key not in self.opts:
+            raise self.fail(key, f"missing; `template` needs it for {why} (see etc/nebula-power.toml)")
+        return self.text(key) if isinstance(self.opts[key], str) else self.opts[key]
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.opts.get(key, default)
+        if value is None:
+            return None
+        value = str(value)
+        if not value or any(c in value for c in '"\\\n\r'):
+            raise self.fail(key, f"{value!r} cannot go into a template: empty, or has a quote, backslash "
+                                 "or newline")
+        return value
+
+    def hex4(self, key: str, default: str | None = None) -> str | None:
+        value = self.text(key, default)
+        if value is not None and not _HEX4.fullmatch(value):
+            raise self.fail(key, f"{value!r} is not a PCI id: four hex digits such as \"10de\"")
+        return value.lower() if value else None
+
+
+def read_munge_key(opts: _Options) -> bytes:
+    """The munge key file's bytes (never shown in any message)."""
+    path = Path(opts.required("munge_key_file", "MUNGE_KEY_BASE64"))
+    try:
+        key = path.read_bytes()
+    except OSError as exc:
+        raise opts.fail("munge_key_file", f"cannot read {path}: {exc.strerror}; run as root (the key is "
+                                          "owned by munge, mode 0400) or fix the path") from None
+    if len(key) < MIN_MUNGE_KEY:
+        raise opts.fail("munge_key_file", f"{path} holds {len(key)} bytes, not a munge key (at least "
+                                          f"{MIN_MUNGE_KEY}; create one with mungekey)")
+    return key
+
+
+def _quote(value: object) -> str:
+    return '"' + str(value) + '"'
+
+
+def _vector(name: str, items: Sequence[tuple[str, object]]) -> str:
+    return f"{name} = [ " + ", ".join(f"{k} = {_quote(v)}" for k, v in items) + " ]"
+
+
+def _by_name_or_id(name_key: str, value: str) -> tuple[str, str]:
+    return (f"{name_key}_ID", value) if value.isdigit() else (name_key, value)
+
+
+def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None = None,
+           script: bytes | None = None) -> str:
+    """The VM template of a node set, in OpenNebula template syntax."""
+    opts = _Options(config, index, nodeset)
+    vcpu = int(opts.required("vcpu", "VCPU"))
+    memory = int(opts.required("memory_mb", "MEMORY"))
+    cpu = float(opts.opts.get("cpu", vcpu))
+    network = opts.required("network", "the NIC")
+    controller = opts.required("controller", "SLURM_CONTROLLER (slurmctld's host[:port])")
+    key = munge_key if munge_key is not None else read_munge_key(opts)
+    bootstrap = script if script is not None else worker_script()
+    gpu_keys = ("gpu_vendor", "gpu_class", "gpu_device", "gpu_profile")
+    gpus = int(opts.opts.get("gpus", 1 if any(k in opts.opts for k in gpu_keys) else 0))
+    if gpus < 0:
+        raise opts.fail("gpus", f"{gpus} is negative")
+    name = nodeset.template if isinstance(nodeset.template, str) else \
+        "slurm-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeset.nodes_expr).strip("-")
+    if any(c in name for c in '"\\\n'):
+        raise opts.fail("template", f"{name!r} cannot be a template NAME")
+
+    lines = [
+        f"# OpenNebula VM template for the Slurm nodes {nodeset.nodes_expr}, from {config.path}",
+        f"# by slurm-nebula-power {__version__} template. Create it with:  onetemplate create FILE",
+        "#",
+        "# SECRET: CONTEXT/MUNGE_KEY_BASE64 is the cluster's munge key. Whoever can read this file or the",
+        "# template can act as any Slurm user on the cluster: keep the file mode 600, delete it once the",
+        "# template exists, and restrict the template to its owner:  onetemplate chmod <ID> 600",
+    ]
+    if not isinstance(nodeset.template, str):
+        lines.append(f"# The node set names template id {nodeset.template}: set `template` to the new id.")
+    lines += [
+        "",
+        f"NAME = {_quote(name)}",
+        f"CPU = {_quote(f'{cpu:g}')}",
+        f"VCPU = {_quote(vcpu)}",
+        f"MEMORY = {_quote(memory)}",
+    ]
+    if gpus:
+        gpu: list[tuple[str, object]] = [("VENDOR", opts.hex4("gpu_vendor", DEFAULT_GPU_VENDOR)),
+                                         ("CLASS", opts.hex4("gpu_class", DEFAULT_GPU_CLASS))]
+        if opts.hex4("gpu_device"):
+            gpu.append(("DEVICE", opts.hex4("gpu_device")))
+        if opts.text("gpu_profile"):
+            gpu.append(("PROFILE", str(opts.text("gpu_profile"))))
+        profile = opts.text("gpu_profile")
+        lines.append(f"# {gpus} GPU(s) by PCI passthrough" + (f", profile {profile}" if profile else ""))
+        lines += [_vector("PCI", gpu)] * gpus
+    if "ib_vendor" in opts.opts or "ib_device" in opts.opts:
+        ib_network = opts.required("ib_network", "the InfiniBand SR-IOV NIC (PCI TYPE = \"NIC\")")
+        ib: list[tuple[str, object]] = [("TYPE", "NIC")]
+        for option, attr in (("ib_vendor", "VENDOR"), ("ib_device", "DEVICE")):
+            if opts.hex4(option):
+                ib.append((attr, opts.hex4(option)))
+        ib.append(_by_name_or_id("NETWORK", ib_network))
+        lines += ["# InfiniBand: an SR-IOV virtual function as a PCI NIC", _vector("PCI", ib)]
+    lines.append(_vector("NIC", [_by_name_or_id("NETWORK", network)]))
+    image = opts.text("image")
+    if image:
+        lines.append(_vector("DISK", [_by_name_or_id("IMAGE", image)]))
+    else:
+        lines.append("# No `image` in the node set: add the worker image, e.g. DISK = [ IMAGE = \"...\" ]")
+    context: list[tuple[str, object]] = [
+        ("NETWORK", "YES"),
+        ("TOKEN", "YES"),
+        ("REPORT_READY", "YES"),
+        ("READY_SCRIPT_PATH", READY_SCRIPT_PATH),
+        ("SET_HOSTNAME", "$NAME"),
+        ("SSH_PUBLIC_KEY", "$USER[SSH_PUBLIC_KEY]"),
+        ("SLURM_NODENAME", "$NAME"),
+        ("SLURM_CONTROLLER", controller),
+        ("MUNGE_KEY_BASE64", base64.b64encode(key).decode()),
+        ("START_SCRIPT_BASE64", base64.b64encode(bootstrap).decode()),
+    ]
+    lines += [
+        "# SLURM_NODENAME is the VM's name, which resume sets to the node's; START_SCRIPT_BASE64 is",
+        "# slurm-nebula-worker.sh (etc/worker/), run by the context packages at every boot.",
+        "CONTEXT = [",
+        ",\n".join(f"  {k} = {_quote(v)}" for k, v in context),
+        "]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """slurm-nebula-power template: print a node set's VM template."""
+    from .cli import _parser, load, parse
+
+    env = os.environ if environ is None else environ
+    prog = "slurm-nebula-power template"
+    parser = _parser(prog, "Print the OpenNebula VM template of a node set, ready for `onetemplate create`: "
+                     "CPU, VCPU, MEMORY, the GPU by PCI passthrough, an optional InfiniBand SR-IOV NIC, the "
+                     "NIC, the image, and CONTEXT with the controller, the munge key and the worker "
+                     "bootstrap. Values come from the node set's options.")
+    parser.add_argument("--nodeset", metavar="NODES", help="the node set: its nodes expression or some of "
+                        "its nodes (needed when there are several node sets)")
+    parser.epilog = ("The output holds the munge key, a secret: redirect it to a file of mode 600. "
+                     "exit: 0 printed, 2 no such node set, 3 configuration error")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        config = load(args, env)
+        index, nodeset = pick_nodeset(config, args.nodeset)
+        text = render(config, index, nodeset)
+    except PowerError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    sys.stdout.write(text)
+    return EXIT_OK
