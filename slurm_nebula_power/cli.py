@@ -251,6 +251,13 @@ def resume_fail_main(argv: Sequence[str] | None = None, environ: Mapping[str, st
                           argv, environ)
 
 
+def prolog_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """PrologSlurmctld: return once the job's cloud nodes are up, so it starts without Slurm's 30 s wait."""
+    from .prolog import main
+
+    return main(argv, environ)
+
+
 # ---- slurm-nebula-power <command> -----------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -261,6 +268,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reconcile": ("slurm_nebula_power.reconcile:main", "repair drift: orphan VMs, vanished VMs, stuck boots"),
     "slurm-conf": ("slurm_nebula_power.slurmconf:main", "print slurm.conf lines derived from the templates"),
     "template": ("slurm_nebula_power.template:main", "print a node set's VM template for onetemplate create"),
+    "prolog-wait": ("slurm_nebula_power.prolog:main",
+                    "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
 }
 
 
@@ -297,4 +306,5 @@ def _entry(main: Callable[[], int]) -> Callable[[], None]:
 resume_entry = _entry(resume_main)
 suspend_entry = _entry(suspend_main)
 resume_fail_entry = _entry(resume_fail_main)
+prolog_entry = _entry(prolog_main)
 power_entry = _entry(power_main)

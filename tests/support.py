@@ -23,8 +23,22 @@ if sys.argv[1:] == ["--version"]:
     print(open(os.path.join(here, "scontrol.version")).read().strip())
 elif sys.argv[1:3] == ["show", "node"]:
     path = os.path.join(here, "scontrol.nodes")
-    if os.path.exists(path):
+    seq = path + ".seq"  # successive outputs, one per call; the last one repeats
+    if os.path.exists(seq):
+        outputs = json.load(open(seq))
+        print(outputs[0], end="")
+        if len(outputs) > 1:
+            json.dump(outputs[1:], open(seq, "w"))
+    elif os.path.exists(path):
         print(open(path).read(), end="")
+elif sys.argv[1:3] == ["show", "job"]:
+    path = os.path.join(here, "scontrol.job")
+    if os.path.exists(path):
+        text = open(path).read()
+        if text.startswith("error:"):
+            print("slurm_load_jobs " + text, file=sys.stderr)
+            sys.exit(1)
+        print(text, end="")
 sys.exit(int(open(os.path.join(here, "scontrol.rc")).read() or 0) if os.path.exists(os.path.join(here, "scontrol.rc")) else 0)
 """
 
@@ -62,6 +76,14 @@ class Setup:
     def set_nodes(self, text: str) -> None:
         """What `scontrol show node -o` prints."""
         (self.scontrol_dir / "scontrol.nodes").write_text(text)
+
+    def set_node_sequence(self, outputs: list[str]) -> None:
+        """What successive `scontrol show node -o` calls print, one each; the last repeats."""
+        (self.scontrol_dir / "scontrol.nodes.seq").write_text(json.dumps(outputs))
+
+    def set_job(self, text: str) -> None:
+        """What `scontrol show job -o` prints; "error: ..." makes it fail with that message instead."""
+        (self.scontrol_dir / "scontrol.job").write_text(text)
 
     def log_text(self) -> str:
         """Everything our programs logged."""
