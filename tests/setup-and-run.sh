@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install everything the tests need on a fresh Debian machine (as root), then run the whole suite.
 #   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
-#   private network namespace). Python: this package with its test extra, in ./.venv.
+#   private network namespace), curl (the worker bootstrap reports READY with it).
+#   Python: this package with its test extra, in ./.venv.
 # Extra arguments go to pytest, e.g.  bash tests/setup-and-run.sh -k resume
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client munge iproute2)
+packages=(slurmctld slurmd slurm-client munge iproute2 curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
