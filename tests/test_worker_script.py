@@ -245,6 +245,19 @@ def test_refuses_without_a_munge_user(worker: Worker) -> None:
     assert run.args("slurmd") == []
 
 
+@pytest.mark.parametrize(("override", "path", "message"), [
+    ("WORKER_MUNGE_KEY", "file/munge.key", "cannot create the directory of {root}/file/munge.key"),
+    ("WORKER_MUNGE_KEY", "dir", "cannot install the munge key as {root}/dir: a directory is in the way"),
+    ("WORKER_MUNGE_RUN", "file/munge", "cannot prepare {root}/file/munge for munged"),
+])
+def test_refuses_when_the_munge_paths_are_unusable(worker: Worker, override, path, message) -> None:
+    (worker.root / "file").write_text("a file, not a directory")
+    (worker.root / "dir").mkdir()
+    run = worker.run(str(worker.context_file(**full_context())), env={override: str(worker.root / path)})
+    assert run.code == 3 and "REFUSED: " + message.format(root=worker.root) in run.console
+    assert run.args("munged") == [] and run.args("slurmd") == [] and not run.ready.exists()
+
+
 def test_refuses_when_munged_fails(worker: Worker) -> None:
     worker.fail("munged", 7)
     run = worker.run(str(worker.context_file(**full_context())))

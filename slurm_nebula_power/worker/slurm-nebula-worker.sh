@@ -131,7 +131,8 @@ say "node $node, controller $controller"
 if ! munge_gid=$(id -g "$munge_user" 2>/dev/null); then
     refuse 3 "no user '$munge_user' in the image: install munge (it creates the user)"
 fi
-mkdir -p "$(dirname "$munge_key")" || refuse 3 "cannot create $(dirname "$munge_key")"
+mkdir -p "$(dirname "$munge_key")" 2>/dev/null || refuse 3 "cannot create the directory of $munge_key"
+[ -d "$munge_key" ] && refuse 3 "cannot install the munge key as $munge_key: a directory is in the way"
 new_key="$munge_key.new.$$"
 if ! (umask 077 && printf '%s' "$key_b64" | base64 -d >"$new_key") 2>/dev/null; then
     rm -f "$new_key"
@@ -162,7 +163,8 @@ if [ "$init" = systemd ]; then
         refuse 3 "munged did not start: systemctl restart munge.service failed (journalctl -u munge)"
     fi
 else
-    if ! { mkdir -p "$munge_run" && chown "$munge_user:$munge_gid" "$munge_run" && chmod 0755 "$munge_run"; }; then
+    if ! { mkdir -p "$munge_run" && chown "$munge_user:$munge_gid" "$munge_run" && chmod 0755 "$munge_run"; } \
+            2>/dev/null; then
         refuse 3 "cannot prepare $munge_run for munged"
     fi
     if [ -r "$munge_run/munged.pid" ]; then  # run again on this boot: the key may have changed
