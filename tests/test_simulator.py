@@ -300,3 +300,31 @@ def test_sim_stats_counts_calls_without_a_session(sim: Simulator, one: pyone.One
     assert sim.stats()["calls"] == stats["calls"]
     sim.reset_stats()
     assert sim.stats()["calls"] == {}
+
+
+def _post(conn, body: bytes):  # type: ignore[no-untyped-def]
+    conn.request("POST", "/RPC2", body, {"Content-Type": "text/xml"})
+    response = conn.getresponse()
+    return response, response.read()
+
+
+def test_a_kept_alive_connection_serves_calls_until_keepalive_max_conn(sim: Simulator) -> None:
+    import http.client
+
+    from slurm_nebula_power.simulator.server import KEEPALIVE_MAX_CONN
+
+    host, port = sim.server.address
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    body = xmlrpc.client.dumps((sim.auth,), "one.system.version").encode()
+    first, _ = _post(conn, body)
+    sock = conn.sock
+    assert first.version == 11 and first.getheader("Connection") is None and sock is not None
+    for _ in range(KEEPALIVE_MAX_CONN - 2):
+        answer, payload = _post(conn, body)
+        assert answer.status == 200 and conn.sock is sock, "the same connection serves every call"
+    last, payload = _post(conn, body)
+    assert last.getheader("Connection") == "close" and conn.sock is None, "oned's KEEPALIVE_MAX_CONN"
+    assert xmlrpc.client.loads(payload)[0][0][0] is True
+    assert _post(conn, body)[0].status == 200, "the client reconnects"
+    conn.close()
+

@@ -34,16 +34,36 @@ def check_loopback(host: str) -> str:
     return host
 
 
+# oned.conf's defaults for its XML-RPC server: a kept-alive connection serves at most
+# KEEPALIVE_MAX_CONN calls and is closed after KEEPALIVE_TIMEOUT seconds without one.
+KEEPALIVE_MAX_CONN = 30
+KEEPALIVE_TIMEOUT = 15
+
+
 class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
+    daemon_threads = True  # never joined: stop() does not wait for a kept-alive connection's thread
     request_queue_size = 512  # the listen backlog: 64+ clients connect at once
     rpc: RpcServer
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _HttpServer
-    protocol_version = "HTTP/1.0"
+    protocol_version = "HTTP/1.1"  # kept-alive connections, as oned's Abyss server keeps them
     server_version = "xmlrpc-c/1.51 (nebula-simulator)"
+    timeout = KEEPALIVE_TIMEOUT  # idle (or stalled) connections are closed
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body are two writes: without this, Nagle holds the body until the client's
+        # delayed ACK (40 ms) on a kept-alive connection.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.answered = 0
+
+    def end_headers(self) -> None:
+        self.answered += 1
+        if self.answered >= KEEPALIVE_MAX_CONN:
+            self.send_header("Connection", "close")
+        super().end_headers()
 
     def do_POST(self) -> None:
         if self.path not in ("/RPC2", "/"):
