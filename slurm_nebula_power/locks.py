@@ -16,7 +16,7 @@ class NodeLocks:
     """Hold the locks of a set of nodes; nodes whose lock stays busy past the wait are reported, not held.
 
     A lock is an flock on <lock_dir>/<node>.lock.  A process that dies (even by SIGKILL) loses its
-    flocks at once, so no stale lock ever blocks a later run.
+    flocks at once, so no stale lock ever blocks a later run.  Locks are taken in node-name order.
     """
 
     def __init__(self, lock_dir: Path, nodes: Iterable[str], wait: float,
@@ -40,16 +40,17 @@ class NodeLocks:
         deadline = self.clock() + self.wait
         delay = 0.02
         while True:
-            waiting = []
-            for node in pending:
-                if not self._try(node):
-                    waiting.append(node)
-            pending = waiting
+            # In name order, stopping at the first busy node: a run waits only while holding locks that
+            # sort before the one it waits for, so two runs never wait for each other (taking every free
+            # lock at once let overlapping resumes each hold a node the other waited for, until the wait).
+            while pending and self._try(pending[0]):
+                pending.pop(0)
             if not pending or self.clock() >= deadline:
                 break
             self.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-        self.busy = pending
+        # Done waiting: take whatever else is free now and leave the busy rest.
+        self.busy = [node for node in pending if not self._try(node)]
         return self
 
     def _try(self, node: str) -> bool:
