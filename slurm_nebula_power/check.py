@@ -281,7 +281,7 @@ def check_poweroff(report: Report, config: Config) -> None:
 
 
 def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | None) -> None:
-    """Resume/Suspend/ResumeFail programs are ours and executable; PrologSlurmctld; PrivateData=cloud."""
+    """Resume/Suspend/ResumeFail programs are ours and executable; PrivateData=cloud."""
     for key, name in PROGRAMS.items():
         value, (expected, _) = conf.params.get(key.lower(), ""), program_path(name)
         if os.path.basename(value) != name:
@@ -291,14 +291,45 @@ def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | N
                            f"install slurm-nebula-power there, or {key}={expected}")
         else:
             report.ok(f"slurm.conf {key}", value)
-    prolog = conf.params.get("prologslurmctld", "")
-    if os.path.basename(prolog) != PROLOG:
-        report.warn("slurm.conf PrologSlurmctld", f"is {prolog or 'not set'}, not {PROLOG}",
-                    f"PrologSlurmctld={program_path(PROLOG)[0]} (a site prolog goes to [slurm] prolog_chain)")
     private = [p.strip().lower() for p in conf.get("PrivateData").split(",")]
     if (version is None or version < (23, 2)) and "cloud" not in private:
         report.problem("slurm.conf PrivateData", "lacks cloud: Slurm 22.05 hides powered-down cloud nodes, "
                        "so status and reconcile cannot see them", "add cloud to PrivateData")
+
+
+def check_prolog(report: Report, config: Config, conf: SlurmConf) -> None:
+    """PrologSlurmctld is slurm-nebula-prolog (else jobs wait for slurmctld's 30 s check), executable, not cut
+    short by PrologEpilogTimeout; [slurm] prolog_chain is executable and not the prolog itself."""
+    from .prolog import MARGIN
+
+    subject, prolog = "slurm.conf PrologSlurmctld", conf.params.get("prologslurmctld", "")
+    expected = program_path(PROLOG)[0]
+    if os.path.basename(prolog) != PROLOG:
+        report.warn(subject, f"is {prolog or 'not set'}, not {PROLOG}: a job on cloud nodes starts only at "
+                    "slurmctld's next 30 s check after they are up",
+                    f"PrologSlurmctld={expected} (a site prolog goes to [slurm] prolog_chain)")
+    elif not os.access(prolog, X):
+        report.problem(subject, f"{prolog} does not exist or is not executable: every job fails its prolog "
+                       "and is requeued", f"install slurm-nebula-power there, or PrologSlurmctld={expected}")
+    else:
+        report.ok(subject, f"{prolog}: jobs start as soon as their cloud nodes are up")
+        resume, limit = conf.seconds("ResumeTimeout") or 60, conf.seconds("PrologEpilogTimeout")
+        if conf.get("PrologEpilogTimeout") and limit is not None and 0 < limit < resume + MARGIN:
+            report.warn("slurm.conf PrologEpilogTimeout", f"{limit} s is below ResumeTimeout {resume} s + "
+                        f"{MARGIN:.0f} s: slurmctld kills {PROLOG} while nodes still boot and requeues the "
+                        "job",
+                        f"set PrologEpilogTimeout={resume + math.ceil(MARGIN)} or more, or remove it")
+    chain = config.slurm.prolog_chain
+    if chain is not None:
+        if os.path.basename(chain) == PROLOG:
+            report.problem(f"{config.path} slurm.prolog_chain", f"{chain} is {PROLOG} itself: it would run "
+                           "itself without end", "name the site's own prolog, or remove prolog_chain")
+        elif not os.access(chain, X):
+            report.problem(f"{config.path} slurm.prolog_chain", f"{chain} does not exist or is not "
+                           f"executable: {PROLOG} fails every job",
+                           f"chmod +x {chain}, or remove prolog_chain")
+        else:
+            report.ok(f"{config.path} slurm.prolog_chain", f"{chain}, run after the nodes are up")
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -341,6 +372,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str]) -> Report:
         check_coverage(report, config, conf)
         check_timers(report, config, conf)
         check_programs(report, conf, slurm_version(config, environ))
+        check_prolog(report, config, conf)
     check_poweroff(report, config)
     return report
 

@@ -127,6 +127,8 @@ def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[
         progress.restart()
         up = resume(ctx, nodes, {})
         emit(f"   resume: {up.describe()}; {gpus(sim)}")
+        emit("   with Slurm, each guest's slurmd now registers and slurm-nebula-prolog (the PrologSlurmctld) "
+             "lets the waiting job start at once, not at slurmctld's next 30 s check")
         emit("4. slurm-nebula-power status   (no Slurm here: its column says n/a)")
         emit(textwrap.indent(render(table_rows(config, ctx.cloud, None, nodes), slurm_asked=False), "   "))
         emit(f"5. slurm-nebula-suspend {NODES}   (slurmctld runs this after SuspendTime idle)")

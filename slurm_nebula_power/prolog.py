@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import ENV_CONFIG
-from .errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE, PowerError, SlurmError
+from .errors import (
+    EXIT_CONFIG,
+    EXIT_INTERNAL,
+    EXIT_NODES_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PowerError,
+    SlurmError,
+)
 from .hostlists import fold
 from .slurm import NodeState
 
@@ -289,6 +297,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         nodes = our_nodes(config, env.get("SLURM_JOB_NODELIST", ""))
         chain = config.slurm.prolog_chain
+        if chain is not None and chain.name == PROG:
+            _report(PROG, f"{config.path}: slurm.prolog_chain: {chain} is {PROG} itself, which would run "
+                    "itself without end; name the site's own prolog or remove prolog_chain")
+            return EXIT_CONFIG
         if not nodes and chain is None:
             log.debug("job %s: no cloud nodes", job_id)
             return EXIT_OK

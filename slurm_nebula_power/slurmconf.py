@@ -278,8 +278,9 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
         lines += [] if found else [f"# {name} is not installed here: fix the path below"]
         lines.append(f"{key}={path}")
     prolog, found = program_path(PROLOG)
-    lines.append(f"PrologSlurmctld={prolog}" if found else
-                 f"# PrologSlurmctld={prolog}   (starts jobs as soon as their nodes are up; not installed)")
+    lines += [] if found else [f"# {PROLOG} is not installed here: fix the path below"]
+    lines += ["# a job starts as soon as its cloud nodes are up, not at slurmctld's next 30 s check (a site "
+              "PrologSlurmctld goes to [slurm] prolog_chain)", f"PrologSlurmctld={prolog}"]
     lines += [f"# longest boot_timeout {resume_timeout - RESUME_MARGIN} s + {RESUME_MARGIN} s for the guest "
               "to start slurmd", f"ResumeTimeout={resume_timeout}",
               f"# [power] suspend_timeout {config.power.suspend_timeout:g} s + {SUSPEND_MARGIN} s: the VM is "

@@ -232,6 +232,24 @@ def table_rows(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | N
     return [row(v, diagnose(v, when, config.power.reconcile_grace, states is not None), when) for v in views]
 
 
+def prolog_line(config: Config) -> str | None:
+    """The footer: whether slurm.conf's PrologSlurmctld is ours (None when slurm.conf cannot be read)."""
+    from .slurmconf import PROLOG, read_slurm_conf
+
+    if config.slurm.slurm_conf is None:
+        return None
+    try:
+        conf = read_slurm_conf(config.slurm.slurm_conf)
+    except PowerError:
+        return None
+    prolog = conf.params.get("prologslurmctld", "")
+    if os.path.basename(prolog) == PROLOG:
+        chain = f", then {config.slurm.prolog_chain}" if config.slurm.prolog_chain else ""
+        return f"PrologSlurmctld: {PROLOG}{chain} (a job starts as soon as its cloud nodes are up)"
+    return (f"PrologSlurmctld: {prolog or 'not set'}, not {PROLOG}: a job starts only at slurmctld's next "
+            "30 s check after its cloud nodes are up (see check)")
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power status [HOSTLIST]: Slurm state, VM and what is wrong, per node."""
     from .cli import _parser, build_context, load, parse, setup_logging
@@ -273,5 +291,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except PowerError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    footer = None if args.json else prolog_line(config)
     print(json.dumps(rows, indent=2) if args.json else render(rows, not args.no_slurm))
+    if footer:
+        print(footer)
     return EXIT_NODES_FAILED if any(r["problems"] for r in rows) else EXIT_OK

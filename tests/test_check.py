@@ -14,7 +14,7 @@ from slurm_nebula_power import check
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
-from slurm_nebula_power.slurmconf import generate, read_shapes
+from slurm_nebula_power.slurmconf import generate, program_path, read_shapes
 
 NODESETS = """\
 [[nodeset]]
@@ -27,7 +27,7 @@ nodes = "cpu[01-02]"
 template = "slurm-cpu-worker"
 gpus = 0
 """
-PROLOG = "PrologSlurmctld=/opt/slurm-nebula-power/bin/slurm-nebula-prolog"
+PROLOG = f"PrologSlurmctld={program_path('slurm-nebula-prolog')[0]}"  # slurm-conf prints it
 
 
 def good_site(sim, root: Path, nodesets: str = NODESETS) -> Setup:
@@ -36,7 +36,8 @@ def good_site(sim, root: Path, nodesets: str = NODESETS) -> Setup:
     config = load_config(site.config, site.env)
     shapes = [(ns, shape) for ns, shape, _ in read_shapes(config, OneCloud(config.opennebula))]
     lines = generate(config, shapes, (22, 5))
-    conf = ["ClusterName=testcluster", "SlurmUser=root", PROLOG, *lines]
+    conf = ["ClusterName=testcluster", "SlurmUser=root", *lines]
+    assert PROLOG in conf
     (root / "slurm.conf").write_text("\n".join(conf) + "\n")
     return site
 
@@ -162,8 +163,52 @@ def test_prolog_other_than_ours_is_a_warning_only(site, capsys) -> None:
     code, found = findings(site, capsys)
     assert code == EXIT_OK
     [warning] = [f for f in found if f["level"] == "warning"]
-    assert warning["text"] == "is /etc/slurm/prolog.sh, not slurm-nebula-prolog"
+    assert warning["text"] == ("is /etc/slurm/prolog.sh, not slurm-nebula-prolog: a job on cloud nodes "
+                               "starts only at slurmctld's next 30 s check after they are up")
     assert "prolog_chain" in warning["fix"]
+
+
+def test_our_prolog_is_ok_and_its_chain_checked(site, capsys) -> None:
+    chain = site.root / "site-prolog"
+    chain.write_text("#!/bin/sh\nexit 0\n")
+    chain.chmod(0o755)
+    edit(site.config, "[slurm]\n", f'[slurm]\nprolog_chain = "{chain}"\n')
+    code, found = findings(site, capsys)
+    assert code == EXIT_OK
+    ok = {f["subject"]: f["text"] for f in found if f["level"] == "ok"}
+    assert ok["slurm.conf PrologSlurmctld"].endswith("slurm-nebula-prolog: jobs start as soon as their cloud "
+                                                     "nodes are up")
+    assert ok[f"{site.config} slurm.prolog_chain"] == f"{chain}, run after the nodes are up"
+
+
+@pytest.mark.parametrize(("chain", "expected"), [
+    ("/nowhere/site-prolog", "/nowhere/site-prolog does not exist or is not executable: slurm-nebula-prolog "
+     "fails every job"),
+    ("/usr/bin/slurm-nebula-prolog", "is slurm-nebula-prolog itself: it would run itself without end"),
+])
+def test_bad_prolog_chain_is_a_problem(site, capsys, chain: str, expected: str) -> None:
+    edit(site.config, "[slurm]\n", f'[slurm]\nprolog_chain = "{chain}"\n')
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert any(f"slurm.prolog_chain: {chain}" in line and expected in line for line in found), found
+
+
+def test_prolog_that_is_ours_but_missing_is_a_problem(site, capsys) -> None:
+    edit(site.root / "slurm.conf", PROLOG, "PrologSlurmctld=/nowhere/slurm-nebula-prolog")
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert any("/nowhere/slurm-nebula-prolog does not exist or is not executable: every job fails" in line
+               for line in found), found
+
+
+def test_prolog_epilog_timeout_below_resume_timeout_is_a_warning(site, capsys) -> None:
+    edit(site.root / "slurm.conf", "ResumeTimeout=900", "ResumeTimeout=900\nPrologEpilogTimeout=300")
+    code, found = findings(site, capsys)
+    assert code == EXIT_OK
+    [warning] = [f for f in found if f["level"] == "warning"]
+    assert warning["subject"] == "slurm.conf PrologEpilogTimeout"
+    assert warning["text"].startswith("300 s is below ResumeTimeout 900 s + 30 s")
+    assert warning["fix"] == "set PrologEpilogTimeout=930 or more, or remove it"
 
 
 def test_every_problem_of_a_broken_setup_is_reported_in_one_run(sim, tmp_path, capsys) -> None:

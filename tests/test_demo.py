@@ -37,6 +37,7 @@ def test_demo_runs_start_to_finish_without_slurm(capsys) -> None:
     assert re.search(r"would run: scontrol update NodeName=gpu01,gpu02,gpu03,gpu04 NodeAddr=127\.0\.1\.\d+,",
                      out)
     assert "resume: 4 done, 0 failed; 0 of 4 GPUs free" in out
+    assert "slurm-nebula-prolog (the PrologSlurmctld) lets the waiting job start at once" in out
     table = [line.split() for line in lines if re.match(r"\s+gpu0\d\s+n/a\s", line)]
     assert [row[3] for row in table] == ["ACTIVE/RUNNING"] * 4
     assert "suspend: 4 done, 0 failed; 4 of 4 GPUs free" in out

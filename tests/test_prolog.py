@@ -241,6 +241,12 @@ def test_chain_is_bounded_by_prolog_epilog_timeout(site) -> None:
     assert "still running after 1s: killed" in site.log_text()
 
 
+def test_chain_to_the_prolog_itself_is_refused(site, capsys) -> None:
+    set_chain(site, Path("/usr/local/bin") / PROG)
+    assert prolog.main([], job_env(site, "static1")) == EXIT_CONFIG
+    assert "would run itself without end" in capsys.readouterr().err
+
+
 def test_chain_that_cannot_run_fails_the_job(site) -> None:
     set_chain(site, site.root / "no-such-prolog")
     assert prolog.main([], job_env(site, "static1")) == EXIT_NODES_FAILED

@@ -110,7 +110,8 @@ def test_power_saving_lines_have_absolute_existing_program_paths(sim, setup, cap
     lines = dict(line.split("=", 1) for line in generated(capsys, setup.env)
                  if not line.startswith(("Node", "Part")))
     for key, name in (("ResumeProgram", "slurm-nebula-resume"), ("SuspendProgram", "slurm-nebula-suspend"),
-                      ("ResumeFailProgram", "slurm-nebula-resume-fail")):
+                      ("ResumeFailProgram", "slurm-nebula-resume-fail"),
+                      ("PrologSlurmctld", "slurm-nebula-prolog")):
         assert os.path.isabs(lines[key]) and lines[key].endswith("/" + name)
         assert os.access(lines[key], os.X_OK)
     assert int(lines["ResumeTimeout"]) > 20, "above boot_timeout"

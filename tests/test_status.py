@@ -26,12 +26,29 @@ def test_table_has_one_row_per_node_with_every_column(sim, setup, capsys) -> Non
     vm_id = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
     setup.set_nodes(show("gpu01 State=IDLE+CLOUD NodeAddr=127.0.1.1", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
     assert status.main(["gpu[01-02]"], setup.env) == EXIT_OK
-    header, gpu01, gpu02 = capsys.readouterr().out.splitlines()
+    header, gpu01, gpu02, footer = capsys.readouterr().out.splitlines()
     assert header.split() == ["NODE", "SLURM", "VM", "STATE", "IP", "HOST", "AGE", "PROBLEM"]
     assert gpu01.split()[:6] == ["gpu01", "IDLE+CLOUD", str(vm_id), "ACTIVE/RUNNING", "127.0.1.1",
                                  "gpu-host-01"]
     assert gpu01.split()[6].endswith("s"), "an age such as 0s"
     assert gpu02.split() == ["gpu02", "IDLE+CLOUD+POWERED_DOWN", "-", "-", "-", "-", "-"]
+    assert footer.startswith("PrologSlurmctld: not set, not slurm-nebula-prolog: a job starts only at")
+
+
+def test_footer_says_whether_the_prolog_is_ours(sim, setup, capsys) -> None:
+    conf = setup.root / "slurm.conf"
+    conf.write_text(conf.read_text() + "PrologSlurmctld=/opt/snp/bin/slurm-nebula-prolog\n")
+    setup.set_nodes("")
+    status.main(["gpu01"], setup.env)
+    footer = capsys.readouterr().out.splitlines()[-1]
+    assert footer == ("PrologSlurmctld: slurm-nebula-prolog (a job starts as soon as its cloud nodes are "
+                      "up)")
+    conf.write_text(conf.read_text().replace("/opt/snp/bin/slurm-nebula-prolog", "/etc/slurm/site.sh"))
+    status.main(["gpu01"], setup.env)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("PrologSlurmctld: /etc/slurm/site.sh, not "
+                                                                "slurm-nebula-prolog")
+    status.main(["--json", "gpu01"], setup.env)
+    assert json.loads(capsys.readouterr().out)[0]["node"] == "gpu01", "JSON stays a list of rows"
 
 
 def test_json_rows_name_states_in_words(sim, setup, capsys) -> None:
