@@ -107,7 +107,7 @@ def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outco
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power reconcile [--dry-run] [HOSTLIST]: repair drift between Slurm and OpenNebula."""
-    from .cli import _parser, build_context, load, parse, setup_logging
+    from .cli import _parser, _report, build_context, load, parse, setup_logging
     from .hostlists import expand
 
     prog = "slurm-nebula-power reconcile"
@@ -128,12 +128,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = load(args, env)
         # A dry run changes nothing: it logs to stderr only (and never creates the log file as root).
         setup_logging(prog, None if args.dry_run else config)
-        nodes = expand(args.hostlist) if args.hostlist else None
+        nodes = expand(args.hostlist) if args.hostlist is not None else None  # "" is an error, not "all"
         ctx = build_context(config, env)
         outcome = reconcile(ctx, lambda: slurm_states(ctx.slurm), nodes, args.dry_run)
     except PowerError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        log.error("%s", exc)
+        _report(prog, str(exc))  # one line on stderr (and the log once it is set up)
         return exc.exit_code
     log.info("summary: %s%s: %s in %.1fs", prog, " --dry-run" if args.dry_run else "", outcome.describe(),
              time.monotonic() - start)

@@ -261,3 +261,20 @@ def lock_is_held(setup: Setup, node: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+PROGRAMS = {"resume": ("slurm-nebula-resume",), "suspend": ("slurm-nebula-suspend",),
+            "resume-fail": ("slurm-nebula-resume-fail",), "reconcile": ("slurm-nebula-power", "reconcile")}
+
+
+def run_program(setup: Setup, program: str, *args: str, guard: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run resume, suspend, resume-fail or reconcile as a process and wait for it (guarded)."""
+    name, *sub = PROGRAMS[program]
+    proc = launch(setup, name, *sub, *args)
+    try:
+        out, err = proc.communicate(timeout=guard)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"{program} {args} still running after {guard}s: hung") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -19,7 +19,7 @@ from slurm_nebula_power import reconcile
 from slurm_nebula_power.cli import resume_fail_main, resume_main
 from slurm_nebula_power.errors import EXIT_OK
 from slurm_nebula_power.simulator import running_simulator
-from slurm_nebula_power.simulator.config import Durations, Faults
+from slurm_nebula_power.simulator.config import Faults
 
 SEED = 1207
 NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]
