@@ -459,3 +459,22 @@ def test_real_sbatch_to_running_with_and_without_the_prolog(slurm_factory, tmp_p
             print(f"\n2-node job, instant boots: sbatch -> RUNNING {total:5.1f}s "
                   f"(nodes registered -> RUNNING {after:4.1f}s) {label}")
     assert figures  # behaviour is asserted by the tests above; these are figures, not limits
+
+
+@pytest.mark.slurm
+def test_real_job_requeued_while_its_nodes_boot_is_let_go_and_starts_again(slurm_factory) -> None:
+    # ResumeProgram /bin/true: the node stays POWERING_UP until ResumeTimeout.
+    cluster = slurm_factory(nodes=["cloud1"], prolog_slurmctld=program())
+    log = our_prolog_site(cluster)
+    job = cluster.sbatch(nodes=1)
+    cluster.wait_for(lambda: f"job {job}: waiting for cloud1" in (log.read_text() if log.exists() else ""),
+                     15, "the prolog waiting")
+    # Requeued before the resume began, the node would go back to IDLE+POWERED_DOWN (a failure to the
+    # prolog, which exits at once too); once POWERING_UP it stays so, and only the job's state tells.
+    cluster.wait_until(lambda: cluster.node_state("cloud1"), lambda s: "POWERING_UP" in s, 10, "powering up")
+    cluster.scontrol("requeue", str(job))
+    cluster.wait_for(lambda: f"job {job}: job is PENDING, no longer waiting" in log.read_text(), 10,
+                     "the prolog letting go of the requeued job")
+    # Allocated again (its old prolog no longer holds it): a second prolog waits for its node.
+    cluster.wait_for(lambda: log.read_text().count(f"job {job}: waiting for cloud1") == 2, 10,
+                     "the job allocated again")
