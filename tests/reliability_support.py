@@ -267,7 +267,8 @@ PROGRAMS = {"resume": ("slurm-nebula-resume",), "suspend": ("slurm-nebula-suspen
             "resume-fail": ("slurm-nebula-resume-fail",), "reconcile": ("slurm-nebula-power", "reconcile")}
 
 
-def run_program(setup: Setup, program: str, *args: str, guard: float = 120) -> subprocess.CompletedProcess[str]:
+def run_program(setup: Setup, program: str, *args: str, guard: float = 120
+                ) -> subprocess.CompletedProcess[str]:
     """Run resume, suspend, resume-fail or reconcile as a process and wait for it (guarded)."""
     name, *sub = PROGRAMS[program]
     proc = launch(setup, name, *sub, *args)

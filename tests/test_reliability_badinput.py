@@ -26,6 +26,7 @@ ALL = tuple(PROGRAMS)
 POWER = ("resume", "suspend", "resume-fail")
 EXIT_FAILED = {"resume": EXIT_NODES_FAILED, "suspend": EXIT_NODES_FAILED, "resume-fail": EXIT_NODES_FAILED,
                "reconcile": EXIT_INTERNAL}  # reconcile: 4 when OpenNebula cannot be used at all
+Prepare = Callable[[Any, Any], None]  # (sim, setup) -> None: makes the bad input
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,17 @@ class Case:
     programs: tuple[str, ...]
     exit_code: int | dict[str, int]
     message: str  # regex the one error line must match (stderr for exit 2/3/4, else the log)
-    prepare: Callable[[Any, Any], None] = lambda sim, setup: None
+    prepare: Prepare = lambda sim, setup: None
     hostlist: str | None = "gpu[01-02]"
     invalid: bool = True  # invalid input: zero API calls, zero scontrol calls
     no_retry: bool = False  # oned's answer is final: nothing is retried
 
     def code(self, program: str) -> int:
+        """The documented exit code for this program."""
         return self.exit_code if isinstance(self.exit_code, int) else self.exit_code[program]
 
 
-def edit(old: str, new: str) -> Callable[[Any, Any], None]:
+def edit(old: str, new: str) -> Prepare:
     """Replace the first line of the configuration that starts with old (a key or a line) by new."""
     def prepare(sim: Any, setup: Any) -> None:
         text = setup.config.read_text()
@@ -76,62 +78,91 @@ def no_config(sim: Any, setup: Any) -> None:
     setup.config.unlink()
 
 
-HOSTILE = ["gpu01|reboot", "`reboot`", "gpu01\nreboot", "gpu01 gpu02", "gpu[01-04]]", "gpu[a-c]", "gpu{01..04}",
-           "../../etc/passwd", "gpu[0001-99999]", "x" * 65, " ", "gpu\u200b01"]
+HOSTILE = ["gpu01|reboot", "`reboot`", "gpu01\nreboot", "gpu01 gpu02", "gpu[01-04]]", "gpu[a-c]",
+           "gpu{01..04}", "../../etc/passwd", "gpu[0001-99999]", "x" * 65, " ", "gpu\u200b01"]
+HOSTLIST_ERROR = r"error: .*(hostlist|node name|argument)"
 
+
+def hostlist(text: str, programs: tuple[str, ...] = ALL) -> Case:
+    """A malformed or hostile hostlist: exit 2 before any call."""
+    return Case(f"hostlist {text!r}", programs, EXIT_USAGE, HOSTLIST_ERROR, hostlist=text)
+
+
+def config(name: str, message: str, prepare: Prepare, programs: tuple[str, ...] = ALL) -> Case:
+    """A configuration error: exit 3 before any call, the line names the file and the key."""
+    return Case(name, programs, EXIT_CONFIG, message, prepare)
+
+
+def refused(name: str, message: str, prepare: Prepare, programs: tuple[str, ...] = ALL,
+            hostlist: str | None = "gpu[01-02]", no_retry: bool = True, exit_code: int | None = None) -> Case:
+    """oned refusing: the nodes fail (exit 1; reconcile 4 when it cannot read the pool), the log says why."""
+    return Case(name, programs, EXIT_FAILED if exit_code is None else exit_code, message, prepare, hostlist,
+                invalid=False, no_retry=no_retry)
+
+
+def locked(state: str, slurm: str = "") -> Prepare:
+    """Our VM for gpu01 in state, locked (onevm lock); Slurm shows gpu01 as slurm if given."""
+    def prepare(sim: Any, setup: Any) -> None:
+        sim.lock_vm(sim.add_vm(name="gpu01", user_template=ours("gpu01"), state=state))
+        if slurm:
+            setup.set_nodes(f"NodeName=gpu01 State={slurm}\n")
+    return prepare
+
+
+def quota(state: str | None = None) -> Prepare:
+    """The VM quota exhausted (with our VM for gpu01 in state, if given)."""
+    def prepare(sim: Any, setup: Any) -> None:
+        if state:
+            sim.add_vm(name="gpu01", user_template=ours("gpu01"), state=state)
+        sim.set_faults(quota_exceeded=True)
+    return prepare
+
+
+def wrong_password(sim: Any, setup: Any) -> None:
+    (setup.root / "one_auth").write_text("oneadmin:Wr0ng-pass\n")
+
+
+QUOTA = r"Limit of \d+ reached for RUNNING_VMS quota"
+STILL_RUNNING = r"VM \d+ still ACTIVE/RUNNING after \d+s"
 CASES = [
-    *(Case(f"hostlist {h!r}", ("reconcile",), EXIT_USAGE, r"error: .*(hostlist|node name|argument)", hostlist=h)
-      for h in BAD_HOSTLISTS),
-    *(Case(f"hostlist {h!r}", ALL, EXIT_USAGE, r"error: .*(hostlist|node name|argument)", hostlist=h)
-      for h in HOSTILE),
-    Case("missing key", ALL, EXIT_CONFIG, r"opennebula\.endpoint: missing", edit("endpoint = ", "")),
-    Case("unknown key", ALL, EXIT_CONFIG, r"power\.whatever: unknown key", edit("[power]", "[power]\nwhatever = 1")),
-    Case("wrong type: string for a number", ALL, EXIT_CONFIG, r"opennebula\.timeout: must be a number",
-         edit("timeout = ", 'timeout = "2"')),
-    Case("wrong type: float for an integer", ALL, EXIT_CONFIG, r"opennebula\.max_parallel: must be an integer",
-         edit("max_parallel = ", "max_parallel = 2.5")),
-    Case("wrong type: table for a string", ALL, EXIT_CONFIG, r"nodeset\[0\]\.nodes: must be a string",
-         edit("nodes = ", "nodes = { x = 1 }")),
-    Case("non-http endpoint", ALL, EXIT_CONFIG, r"opennebula\.endpoint: must be an http:// or https://",
-         edit("endpoint = ", 'endpoint = "ftp://127.0.0.1:2633/RPC2"')),
-    Case("endpoint without scheme", ALL, EXIT_CONFIG, r"opennebula\.endpoint: must be an http://",
-         edit("endpoint = ", 'endpoint = "127.0.0.1:2633"')),
-    Case("missing template", ALL, EXIT_CONFIG, r"nodeset\[0\]\.template: missing", edit("template = ", "")),
-    Case("empty template", ALL, EXIT_CONFIG, r"nodeset\[0\]\.template: empty", edit("template = ", 'template = ""')),
-    Case("group-readable auth file", ALL, EXIT_CONFIG, r"opennebula\.auth_file: .* accessible by group or others",
-         chmod_auth),
-    Case("missing auth file", ALL, EXIT_CONFIG, r"opennebula\.auth_file: cannot read", remove_auth),
-    Case("unwritable log directory", ALL, EXIT_CONFIG, r"log\.file: cannot write", blocked_log_dir),
-    Case("unusable lock directory", POWER, EXIT_CONFIG, r"power\.lock_dir: cannot create", blocked_lock_dir),
-    Case("not TOML", ALL, EXIT_CONFIG, r"not valid TOML", edit("[power]", "[power")),
-    Case("no configuration file", ALL, EXIT_CONFIG, r"no such configuration file", no_config),
-    Case("authentication failure", ALL, EXIT_FAILED, r"User couldn't be authenticated",
-         lambda sim, setup: (setup.root / "one_auth").write_text("oneadmin:Wr0ng-pass\n"),
-         invalid=False, no_retry=True),
-    Case("authorization failure", ALL, EXIT_FAILED, r"not authorized to perform action",
-         lambda sim, setup: sim.set_authorized(False), invalid=False, no_retry=True),
-    Case("quota exceeded: new VM", ("resume",), EXIT_NODES_FAILED, r"Limit of \d+ reached for RUNNING_VMS quota",
-         lambda sim, setup: sim.set_faults(quota_exceeded=True), invalid=False, no_retry=True),
-    Case("quota exceeded: resuming a powered-off VM", ("resume",), EXIT_NODES_FAILED,
-         r"Limit of \d+ reached for RUNNING_VMS quota",
-         lambda sim, setup: (sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="POWEROFF"),
-                             sim.set_faults(quota_exceeded=True)),
-         hostlist="gpu01", invalid=False, no_retry=True),
-    Case("locked VM: resume", ("resume",), EXIT_NODES_FAILED, r"virtual machine is locked",
-         lambda sim, setup: sim.lock_vm(sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="POWEROFF")),
-         hostlist="gpu01", invalid=False),
-    Case("locked VM: power down", ("suspend", "resume-fail"), EXIT_NODES_FAILED,
-         r"VM \d+ still ACTIVE/RUNNING after \d+s",
-         lambda sim, setup: sim.lock_vm(sim.add_vm(name="gpu01", user_template=ours("gpu01"))),
-         hostlist="gpu01", invalid=False),
-    Case("locked VM: reconcile", ("reconcile",), EXIT_NODES_FAILED, r"VM \d+ still ACTIVE/RUNNING after \d+s",
-         lambda sim, setup: (sim.lock_vm(sim.add_vm(name="gpu01", user_template=ours("gpu01"))),
-                             setup.set_nodes("NodeName=gpu01 State=IDLE+CLOUD+POWERED_DOWN\n")),
-         hostlist=None, invalid=False),
-    Case("unknown template name", ("resume",), EXIT_NODES_FAILED, r"no VM template named 'no-such-template'",
-         edit("template = ", 'template = "no-such-template"'), invalid=False, no_retry=True),
-    Case("unknown template id", ("resume",), EXIT_NODES_FAILED, r"template 99: .*Error getting",
-         edit("template = ", "template = 99"), invalid=False, no_retry=True),
+    *(hostlist(text, ("reconcile",)) for text in BAD_HOSTLISTS),  # test_cli.py: the other three programs
+    *(hostlist(text) for text in HOSTILE),
+    config("missing key", r"opennebula\.endpoint: missing", edit("endpoint = ", "")),
+    config("unknown key", r"power\.whatever: unknown key", edit("[power]", "[power]\nwhatever = 1")),
+    config("wrong type: string for a number", r"opennebula\.timeout: must be a number",
+           edit("timeout = ", 'timeout = "2"')),
+    config("wrong type: float for an integer", r"opennebula\.max_parallel: must be an integer",
+           edit("max_parallel = ", "max_parallel = 2.5")),
+    config("wrong type: table for a string", r"nodeset\[0\]\.nodes: must be a string",
+           edit("nodes = ", "nodes = { x = 1 }")),
+    config("non-http endpoint", r"opennebula\.endpoint: must be an http:// or https://",
+           edit("endpoint = ", 'endpoint = "ftp://127.0.0.1:2633/RPC2"')),
+    config("endpoint without scheme", r"opennebula\.endpoint: must be an http://",
+           edit("endpoint = ", 'endpoint = "127.0.0.1:2633"')),
+    config("missing template", r"nodeset\[0\]\.template: missing", edit("template = ", "")),
+    config("empty template", r"nodeset\[0\]\.template: empty", edit("template = ", 'template = ""')),
+    config("group-readable auth file", r"opennebula\.auth_file: .* accessible by group or others",
+           chmod_auth),
+    config("missing auth file", r"opennebula\.auth_file: cannot read", remove_auth),
+    config("unwritable log directory", r"log\.file: cannot write", blocked_log_dir),
+    config("unusable lock directory", r"power\.lock_dir: cannot create", blocked_lock_dir, POWER),
+    config("not TOML", r"not valid TOML", edit("[power]", "[power")),
+    config("no configuration file", r"no such configuration file", no_config),
+    refused("authentication failure", r"User couldn't be authenticated", wrong_password),
+    refused("authorization failure", r"not authorized to perform action",
+            lambda sim, setup: sim.set_authorized(False)),
+    refused("quota exceeded: new VM", QUOTA, quota(), ("resume",)),
+    refused("quota exceeded: resuming a powered-off VM", QUOTA, quota("POWEROFF"), ("resume",), "gpu01"),
+    refused("locked VM: resume", r"virtual machine is locked", locked("POWEROFF"), ("resume",), "gpu01",
+            no_retry=False),  # LOCKED is transient: retried within retry_seconds
+    refused("locked VM: power down", STILL_RUNNING, locked("RUNNING"), ("suspend", "resume-fail"), "gpu01",
+            no_retry=False),
+    refused("locked VM: reconcile", STILL_RUNNING, locked("RUNNING", "IDLE+CLOUD+POWERED_DOWN"),
+            ("reconcile",), None, no_retry=False, exit_code=EXIT_NODES_FAILED),  # a repair failed
+    refused("unknown template name", r"no VM template named 'no-such-template'",
+            edit("template = ", 'template = "no-such-template"'), ("resume",)),
+    refused("unknown template id", r"template 99: .*Error getting", edit("template = ", "template = 99"),
+            ("resume",)),
 ]
 ROWS = [(case, program) for case in CASES for program in case.programs]
 
@@ -147,7 +178,8 @@ def one_error_line(text: str, pattern: str) -> str:
 
 
 @pytest.mark.parametrize(("case", "program"), ROWS, ids=[f"{c.name}-{p}" for c, p in ROWS])
-def test_bad_input_gives_one_clear_error_and_the_documented_exit(tmp_path, sim, case: Case, program: str) -> None:
+def test_bad_input_gives_one_clear_error_and_the_documented_exit(tmp_path, sim, case: Case, program: str
+                                                                  ) -> None:
     setup = site(tmp_path / "site", sim, timeout=2, retry_seconds=2, suspend_timeout=3, poll_max=0.2)
     case.prepare(sim, setup)
     sim.reset_stats()
