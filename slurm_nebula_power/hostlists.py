@@ -38,6 +38,16 @@ def expand(expression: str) -> list[str]:
     return names
 
 
+def expand_trusted(expression: str) -> list[str]:
+    """Expand a hostlist Slurm itself made (SLURM_JOB_NODELIST): names are not validated, since only the
+    ones found in a node set (validated at load) are used; HostlistError when malformed."""
+    try:
+        names: list[str] = hostlist.expand_hostlist(expression.strip())
+    except hostlist.BadHostlist as exc:
+        raise HostlistError(f"malformed hostlist {expression!r}: {exc}") from None
+    return names
+
+
 def validate_name(name: str, expression: str | None = None) -> str:
     """Return name if it is an acceptable Slurm node name, else raise HostlistError."""
     where = f" in hostlist {expression!r}" if expression is not None and expression != name else ""

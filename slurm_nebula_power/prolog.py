@@ -34,6 +34,7 @@ from .errors import (
     EXIT_NODES_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    HostlistError,
     PowerError,
     SlurmError,
 )
@@ -236,14 +237,14 @@ def slurmctld_environ(environ: Mapping[str, str], pid: int | None = None) -> dic
 def our_nodes(config: Config, nodelist: str) -> list[str]:
     """The job's nodes that are in a node set; [] when the nodelist cannot be read (the job then merely
     waits for slurmctld's own check)."""
-    import hostlist
+    from .hostlists import expand_trusted
 
     if not nodelist.strip():
         return []
     try:
-        names: list[str] = hostlist.expand_hostlist(nodelist.strip())
-    except hostlist.BadHostlist as exc:
-        log.warning("SLURM_JOB_NODELIST %r unreadable (%s): not waiting for its nodes", nodelist, exc)
+        names = expand_trusted(nodelist)
+    except HostlistError as exc:
+        log.warning("SLURM_JOB_NODELIST unreadable (%s): not waiting for its nodes", exc)
         return []
     ours = set(config.all_nodes)
     return [name for name in names if name in ours]
