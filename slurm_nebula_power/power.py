@@ -254,18 +254,34 @@ def _resume(ctx: Context, boots: list[_Boot], jobs: Mapping[str, Sequence[int]],
         _hand_back(ctx, outcome, [b.node for b in boots], f"OpenNebula: {_short(exc)}")
         return
     ours = ours_by_node(vms, ctx.cluster, (b.node for b in boots))
+    plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
+    _log_by_kind("plan=%s", [(plan.action, boot.node, plan.vm) for boot, plan in plans])
     pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
     try:
-        for boot in boots:
-            plan = plan_resume(ours.get(boot.node, []))
+        for boot, plan in plans:
             tid, context = templates[id(boot.nodeset)]
-            log.info("node=%s plan=%s vm=%s", boot.node, plan.action, plan.vm.id if plan.vm else None)
             boot.future = pool.submit(_start_boot, ctx, boot, plan, tid,
                                       extra_template(ctx.cluster, boot.node, jobs.get(boot.node, ()), context))
         _watch_boots(ctx, pool, boots, templates, jobs, outcome)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     _sweep_failed(ctx, outcome)
+
+
+def _log_by_kind(what: str, items: Iterable[tuple[str, str, Vm | None]]) -> None:
+    """One log line per kind (a plan, a state) naming its nodes and VMs, not one line per node.
+
+    A 1,000-node run otherwise writes thousands of lines that say the same thing, and each costs
+    the interpreter lock while the calls' threads wait for it.
+    """
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for kind, node, vm in items:
+        nodes, vms = groups.setdefault(kind, ([], []))
+        nodes.append(node)
+        if vm is not None:
+            vms.append(str(vm.id))
+    for kind, (nodes, vms) in groups.items():
+        log.info(what + " nodes=%s vms=%s", kind, fold(nodes), ",".join(vms) or "none")
 
 
 def _sweep_failed(ctx: Context, outcome: Outcome) -> None:
@@ -346,7 +362,8 @@ def _watch_boots(ctx: Context, pool: ThreadPoolExecutor, boots: list[_Boot],
                     failures[f"OpenNebula: {_short(exc)}"].append(boot)
             elif future is not None and now >= boot.deadline + ctx.config.opennebula.timeout:
                 failures["OpenNebula did not answer in time"].append(boot)
-        known = [b for b in active if b.vm_id is not None and b.future is None and b not in _flat(failures)]
+        failing = {id(b) for b in _flat(failures)}
+        known = [b for b in active if b.vm_id is not None and b.future is None and id(b) not in failing]
         snapshot: dict[int, Vm] = {}
         if known:
             try:
@@ -510,11 +527,12 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
     """
     outcome = Outcome()
     config = ctx.config
+    nodesets = {node: config.nodeset_for(node) for node in nodes}
     for node in nodes:
-        if config.nodeset_for(node) is None:
+        if nodesets[node] is None:
             log.error("node %s is in no [[nodeset]] of %s: left alone", node, config.path)
             outcome.fail(node, "not in any nodeset")
-    wanted = [n for n in nodes if config.nodeset_for(n) is not None]
+    wanted = [n for n in nodes if nodesets[n] is not None]
     if not wanted:
         return outcome
     start = ctx.clock()
@@ -528,24 +546,23 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
     ours = ours_by_node(vms, ctx.cluster, wanted)
     tasks: list[_Down] = []
     for node in wanted:
-        nodeset = config.nodeset_for(node)
+        nodeset = nodesets[node]
         assert nodeset is not None
         if not ours.get(node):
-            log.info("node=%s no VM of ours: nothing to %s", node, "do")
             outcome.done.append(node)
         for vm in ours.get(node, []):
-            log.info("node=%s vm=%d state=%s: %s (%s)", node, vm.id, vm.state_name,
-                     "terminate" if force else nodeset.suspend_action, why)
             tasks.append(_Down(node, vm, "terminate" if force else nodeset.suspend_action))
+    if outcome.done:
+        log.info("nodes=%s: no VM of ours, nothing to do", fold(outcome.done))
+    _log_by_kind("%s", [(f"state={t.vm.state_name}: {t.action} ({why})", t.node, t.vm) for t in tasks])
     interval = ctx.poll_first
     with ThreadPoolExecutor(max_workers=config.opennebula.max_parallel) as pool:
         while tasks:
             now = ctx.clock()
             escalate = now >= start + config.power.suspend_timeout / 2
             pending = [t for t in tasks if t.vm.state not in SATISFIED[t.action]]
-            for task in tasks:
-                if task not in pending:
-                    log.info("node=%s vm=%d now %s", task.node, task.vm.id, task.vm.state_name)
+            _log_by_kind("now %s", [(t.vm.state_name, t.node, t.vm) for t in tasks
+                                    if t.vm.state in SATISFIED[t.action]])
             futures = [pool.submit(_step_down, ctx, task, escalate, force, now >= deadline) for task in pending]
             acted = [future.result() for future in futures]
             tasks = pending
@@ -569,8 +586,8 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
                 task.vm = snapshot.get(task.vm.id, _gone(task.vm))
                 if ctx.on_vm is not None:
                     ctx.on_vm(task.node, task.vm)
-    failed = set(outcome.failed_nodes)
-    outcome.done.extend(n for n in wanted if n not in failed and n not in outcome.done)
+    settled = set(outcome.failed_nodes) | set(outcome.done)
+    outcome.done.extend(n for n in wanted if n not in settled)
     return outcome
 
 
