@@ -9,8 +9,8 @@ import socket
 import ssl
 import threading
 import time
-import xmlrpc.client
 import xml.etree.ElementTree as ET
+import xmlrpc.client
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -143,7 +143,7 @@ class _Transport(xmlrpc.client.Transport):
         self._connection = host, conn
         return conn
 
-    def request(self, host: Any, handler: str, request_body: bytes, verbose: bool = False) -> Any:
+    def request(self, host: Any, handler: str, request_body: Any, verbose: bool = False) -> Any:
         """One attempt (xmlrpc.client's own request() silently repeats a call after a reset)."""
         return self.single_request(host, handler, request_body, verbose)
 
@@ -155,7 +155,7 @@ class _Transport(xmlrpc.client.Transport):
         parser.StartElementHandler = unmarshaller.start
         parser.EndElementHandler = unmarshaller.end
         parser.CharacterDataHandler = unmarshaller.data
-        unmarshaller.xml(None, None)  # as xmlrpc.client.ExpatParser: expat hands out str, not bytes
+        unmarshaller.xml(None, None)  # type: ignore[arg-type]  # as ExpatParser: expat gives str, not bytes
         parser.buffer_text = True  # adjacent text (entities included) in one callback
         parser.buffer_size = max(len(body), 8192)
         parser.Parse(body, True)

@@ -255,7 +255,7 @@ def _resume(ctx: Context, boots: list[_Boot], jobs: Mapping[str, Sequence[int]],
         return
     ours = ours_by_node(vms, ctx.cluster, (b.node for b in boots))
     plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
-    _log_by_kind("plan=%s", [(plan.action, boot.node, plan.vm) for boot, plan in plans])
+    _log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
     pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
     try:
         for boot, plan in plans:
@@ -268,7 +268,7 @@ def _resume(ctx: Context, boots: list[_Boot], jobs: Mapping[str, Sequence[int]],
     _sweep_failed(ctx, outcome)
 
 
-def _log_by_kind(what: str, items: Iterable[tuple[str, str, Vm | None]]) -> None:
+def _log_by_kind(items: Iterable[tuple[str, str, Vm | None]]) -> None:
     """One log line per kind (a plan, a state) naming its nodes and VMs, not one line per node.
 
     A 1,000-node run otherwise writes thousands of lines that say the same thing, and each costs
@@ -281,7 +281,7 @@ def _log_by_kind(what: str, items: Iterable[tuple[str, str, Vm | None]]) -> None
         if vm is not None:
             vms.append(str(vm.id))
     for kind, (nodes, vms) in groups.items():
-        log.info(what + " nodes=%s vms=%s", kind, fold(nodes), ",".join(vms) or "none")
+        log.info("%s nodes=%s vms=%s", kind, fold(nodes), ",".join(vms) or "none")
 
 
 def _sweep_failed(ctx: Context, outcome: Outcome) -> None:
@@ -554,16 +554,17 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
             tasks.append(_Down(node, vm, "terminate" if force else nodeset.suspend_action))
     if outcome.done:
         log.info("nodes=%s: no VM of ours, nothing to do", fold(outcome.done))
-    _log_by_kind("%s", [(f"state={t.vm.state_name}: {t.action} ({why})", t.node, t.vm) for t in tasks])
+    _log_by_kind((f"state={t.vm.state_name}: {t.action} ({why})", t.node, t.vm) for t in tasks)
     interval = ctx.poll_first
     with ThreadPoolExecutor(max_workers=config.opennebula.max_parallel) as pool:
         while tasks:
             now = ctx.clock()
             escalate = now >= start + config.power.suspend_timeout / 2
             pending = [t for t in tasks if t.vm.state not in SATISFIED[t.action]]
-            _log_by_kind("now %s", [(t.vm.state_name, t.node, t.vm) for t in tasks
-                                    if t.vm.state in SATISFIED[t.action]])
-            futures = [pool.submit(_step_down, ctx, task, escalate, force, now >= deadline) for task in pending]
+            _log_by_kind((f"now {t.vm.state_name}", t.node, t.vm)
+                         for t in tasks if t.vm.state in SATISFIED[t.action])
+            last = now >= deadline
+            futures = [pool.submit(_step_down, ctx, task, escalate, force, last) for task in pending]
             acted = [future.result() for future in futures]
             tasks = pending
             tasks = [t for t in tasks if t.issued != "recover-delete"]

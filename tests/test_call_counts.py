@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from simfixtures import AUTH, fast_config
+from support import Setup, make_setup
+
 from slurm_nebula_power.cli import resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_OK
 from slurm_nebula_power.simulator import Simulator, running_simulator
-from support import Setup, make_setup
 
 N = 100
 NODES = "gpu[001-100]"
@@ -60,7 +60,7 @@ def test_nothing_is_looked_up_node_by_node(sim, site) -> None:
     assert suspend_main([NODES], site.env) == EXIT_OK
     per_node = {m: n for m, n in calls_of(sim).items()
                 if m in ("one.vm.info", "one.vmpool.info", "one.template.info", "one.templatepool.info")}
-    assert per_node == {"one.template.info": 1, "one.templatepool.info": 1}, "one template lookup, no VM lookups"
+    assert per_node == {"one.template.info": 1, "one.templatepool.info": 1}, "a template lookup, no VM lookup"
 
 
 def test_a_second_resume_of_running_nodes_costs_a_constant_number_of_calls(sim, site) -> None:

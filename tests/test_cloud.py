@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from simfixtures import AUTH, sim
 
-from simfixtures import AUTH, sim  # noqa: F401
 from slurm_nebula_power.cloud import OneCloud, Vm, vms_from_xml
 from slurm_nebula_power.config import OneConfig
 from slurm_nebula_power.errors import ActionRefused, TransientCloudError
