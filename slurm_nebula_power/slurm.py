@@ -139,8 +139,9 @@ class Scontrol:
 
         Slurm 22.05 (checked against the real controller, tests/test_e2e.py): State=POWER_DOWN_FORCE
         cancels the power-up, requeues the job at once and powers the node down (SuspendProgram is
-        called for it); it drops any Reason.  23.02+ offers DOWN with ResumeAfter, which keeps the
-        reason visible in `scontrol show node` and returns the node by itself.
+        called for it); the Reason given with it stays in `scontrol show node` while the node powers
+        down and stays down, until the node next registers.  23.02+ gets DOWN with ResumeAfter, which
+        also keeps the reason and returns the node by itself.
         """
         text = (REASON_PREFIX + reason)[:200]
         for start in range(0, len(nodes), BATCH):
