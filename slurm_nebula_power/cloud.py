@@ -331,7 +331,10 @@ class OneCloud:
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(TransientCloudError),
             stop=tenacity.stop_after_delay(max(0.0, budget - (time.monotonic() - started))),
-            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0) + tenacity.wait_random(0, 0.5),
+            # retry_backoff, doubling up to 5 s, plus up to 2.5 x retry_backoff of jitter (spreads
+            # the retries of many parallel calls that failed together)
+            wait=tenacity.wait_exponential(multiplier=self.config.retry_backoff, max=5.0)
+            + tenacity.wait_random(0, 2.5 * self.config.retry_backoff),
             sleep=self.sleep,
             reraise=True,
             before_sleep=self._before_sleep(what),

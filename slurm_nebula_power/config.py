@@ -31,6 +31,7 @@ class OneConfig:
     timeout: float = 30.0
     max_parallel: int = 32
     retry_seconds: float = 60.0
+    retry_backoff: float = 0.2
     https_verify: bool = True
 
     @property
@@ -170,6 +171,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "timeout": Key(NUMBER, 30.0, _positive),
         "max_parallel": Key((int,), 32, _positive),
         "retry_seconds": Key(NUMBER, 60.0, _positive),
+        "retry_backoff": Key(NUMBER, 0.2, _positive),
         "https_verify": Key((bool,), True),
     },
     "slurm": {

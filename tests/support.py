@@ -123,6 +123,7 @@ def make_setup(root: Path, endpoint: str, auth: str, nodesets: str | None = None
         auth_file = "one_auth"
         timeout = 5
         retry_seconds = 10
+        retry_backoff = 0.2
         max_parallel = 8
 
         [slurm]

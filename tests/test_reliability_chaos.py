@@ -85,7 +85,7 @@ def run_chaos(tmp_path: Path, seed: int, rounds: int, capsys) -> Figures:
     figures.schedule = hashlib.sha256(repr(plan).encode()).hexdigest()[:12]
     with running_simulator(fast_config(hosts=10, gpus=4, seed=seed, faults=FAULTS), auth=AUTH) as sim:
         setup = site(tmp_path / "site", sim, nodes="gpu[01-32]", boot_timeout=4, template=0, timeout=2,
-                     retry_seconds=4, max_parallel=8, suspend_timeout=6, poll_max=0.2, level="info")
+                     retry_seconds=4, retry_backoff=0.02, max_parallel=8, suspend_timeout=6, poll_max=0.2, level="info")
         model = SlurmModel(setup, NODES)
         env = setup.env
 
