@@ -43,9 +43,9 @@ def process_hygiene() -> None:
                 os.dup2(null, fd)
                 os.close(null)
     if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - fd 1 lives as long as the process
+        sys.stdout = open(1, "w", closefd=False)  # fd 1 lives as long as the process
     if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signal.valid_signals())
 
 

@@ -206,7 +206,7 @@ class _Server(pyone.server_xrpc.OneServerXRPC):  # type: ignore[misc]
 
     def _do_request(self, method: str, params: Any) -> Any:
         try:
-            raw = xmlrpc.client.ServerProxy._ServerProxy__request(self, method, params)
+            raw = xmlrpc.client.ServerProxy._ServerProxy__request(self, method, params)  # type: ignore[attr-defined]
         except xmlrpc.client.Fault as exc:
             raise CloudError(f"[{method}] XML-RPC fault {exc.faultCode}: {exc.faultString}") from None
         except xmlrpc.client.ProtocolError as exc:

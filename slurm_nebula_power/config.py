@@ -8,7 +8,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import hostlists
 from .errors import ConfigError, HostlistError
@@ -250,14 +250,14 @@ class _Reader:
                     raise self.fail(dotted, "missing; add it (see etc/nebula-power.toml)")
                 out[key] = spec.default
                 continue
-            value = data[key]
+            value: Any = data[key]
             # bool is an int subclass in Python; TOML keeps them apart, so do we.
-            if isinstance(value, bool) and bool not in spec.types or not isinstance(value, spec.types):
+            if (isinstance(value, bool) and bool not in spec.types) or not isinstance(value, spec.types):
                 raise self.fail(dotted, f"must be {_kind(spec.types)}, not {_kind((type(value),))} {value!r}")
             problem = spec.check(value) if spec.check else None
             if problem:
                 raise self.fail(dotted, f"{problem} (got {value!r})")
-            out[key] = float(value) if float in spec.types and not isinstance(value, str) else value
+            out[key] = float(cast(float, value)) if float in spec.types and not isinstance(value, str) else value
         return out
 
 

@@ -27,4 +27,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77"
 .venv/bin/python -m pip install -q -e '.[test]'
-exec .venv/bin/python -m pytest "$@"
+# Two workers: most of the time goes to waiting on real slurmctld/slurmd, which overlaps well.
+exec .venv/bin/python -m pytest -n 2 "$@"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 from support import make_setup
 
 from slurm_nebula_power.simulator import SimConfig, running_simulator

@@ -39,7 +39,8 @@ elif sys.argv[1:3] == ["show", "job"]:
             print("slurm_load_jobs " + text, file=sys.stderr)
             sys.exit(1)
         print(text, end="")
-sys.exit(int(open(os.path.join(here, "scontrol.rc")).read() or 0) if os.path.exists(os.path.join(here, "scontrol.rc")) else 0)
+rc_file = os.path.join(here, "scontrol.rc")
+sys.exit(int(open(rc_file).read() or 0) if os.path.exists(rc_file) else 0)
 """
 
 

@@ -7,7 +7,7 @@ import pwd
 from pathlib import Path
 
 import pytest
-from simfixtures import AUTH, sim  # noqa: F401
+from simfixtures import AUTH, sim
 from support import Setup, make_setup
 
 from slurm_nebula_power import check

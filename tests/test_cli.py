@@ -11,11 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from simfixtures import AUTH, setup, sim, vms_of
+from support import make_setup, run_env
 
-from simfixtures import AUTH, setup, sim, vms_of  # noqa: F401
 from slurm_nebula_power.cli import power_main, resume_fail_main, resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
-from support import make_setup, run_env
 
 PROGRAMS = ["slurm-nebula-resume", "slurm-nebula-suspend", "slurm-nebula-resume-fail", "slurm-nebula-power"]
 

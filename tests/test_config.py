@@ -6,11 +6,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from support import make_setup
 
 from slurm_nebula_power.cli import resume_main
 from slurm_nebula_power.config import find_config, load_config
 from slurm_nebula_power.errors import EXIT_CONFIG, ConfigError
-from support import make_setup
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_auth_file_content_must_be_one_credentials_line(setup) -> None:
 def test_cluster_name_required_when_slurm_conf_has_none(setup) -> None:
     (setup.root / "slurm.conf").write_text("# no cluster name\n")
     setup.config.write_text(setup.config.read_text().replace("[slurm]\n", '[slurm]\nslurm_conf = "slurm.conf"\n'))
-    with pytest.raises(ConfigError, match="slurm.cluster: not set and no ClusterName"):
+    with pytest.raises(ConfigError, match=r"slurm\.cluster: not set and no ClusterName"):
         load_config(setup.config, setup.env)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import make_setup
 
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.power import Context, resume
-from support import make_setup
 
 
 class RecordingSlurm:

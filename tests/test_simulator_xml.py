@@ -42,7 +42,7 @@ def _raw(sim: Simulator, method: str, *args: object) -> str:
 
 
 def _xml(text: str) -> ET.Element:
-    return ET.fromstring(text.encode())  # noqa: S314 - the simulator's replies and recorded oned documents
+    return ET.fromstring(text.encode())
 
 
 def _strip(elem: ET.Element) -> ET.Element:

@@ -6,7 +6,7 @@ import os
 import textwrap
 
 import pytest
-from simfixtures import AUTH, setup, sim  # noqa: F401
+from simfixtures import AUTH, setup, sim
 from support import make_setup
 
 from slurm_nebula_power import slurmconf

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from opsupport import boot_node, ours, real_site, show
-from simfixtures import AUTH, fast_config, setup, sim  # noqa: F401
+from simfixtures import AUTH, fast_config, setup, sim
 from support import make_setup
 
 from slurm_nebula_power import status
