@@ -251,7 +251,12 @@ def finish(proc: subprocess.Popen[str], guard: float = 120) -> int:
 
 def lock_is_held(setup: Setup, node: str) -> bool:
     """Whether some process holds node's flock now (we try to take it without waiting)."""
-    path = setup.root / "locks" / f"{node}.lock"
+    return held(setup.root / "locks", node)
+
+
+def held(lock_dir: Path, node: str) -> bool:
+    """Whether another open file description holds node's lock in lock_dir."""
+    path = lock_dir / f"{node}.lock"
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDWR)

@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from reliability_support import finish, launch, live_ours, lock_is_held, settle, site
+from reliability_support import finish, held, launch, live_ours, lock_is_held, settle, site
 from simfixtures import sim
 
 from slurm_nebula_power.cli import resume_main
@@ -146,14 +146,3 @@ def test_a_waiting_run_holds_only_locks_that_sort_before_the_busy_one(tmp_path) 
             assert run.held == ["gpu04", "gpu05", "gpu06"] and run.busy == []
     assert seen == [(True, False)], "while waiting for gpu05 it held gpu04, not gpu06"
 
-
-def held(lock_dir, node: str) -> bool:
-    """Whether another open file description holds node's lock."""
-    fd = os.open(lock_dir / f"{node}.lock", os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
