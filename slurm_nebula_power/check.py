@@ -379,11 +379,11 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str]) -> Report:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power check: find now what would fail later."""
-    from .cli import _parser, parse, setup_logging
+    from .cli import make_parser, parse, setup_logging
 
     prog = "slurm-nebula-power check"
     env = os.environ if environ is None else environ
-    parser = _parser(prog, "Check the configuration, the auth file (readable by SlurmUser, not others), "
+    parser = make_parser(prog, "Check the configuration, the auth file (readable by SlurmUser, not others), "
                      "the OpenNebula endpoint, every node set's template against slurm.conf, the node sets "
                      "against slurm.conf's CLOUD nodes, and the power-saving timeouts and programs.")
     parser.epilog = "exit: 0 nothing wrong (warnings allowed), 1 some problem found, 2 usage"

@@ -73,7 +73,7 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
     root.setLevel((config.log.level if config else "info").upper())
 
 
-def _report(prog: str, message: str) -> None:
+def report_error(prog: str, message: str) -> None:
     """A fatal one-line error: stderr, the log if it is set up, and syslog (stdout/err may be discarded)."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     if logging.getLogger("slurm_nebula_power").handlers:
@@ -88,7 +88,8 @@ def _report(prog: str, message: str) -> None:
 # ---- shared argument handling ---------------------------------------------------------------------
 
 
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every program shares (--version, --config)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", metavar="PATH", help="configuration file (default: $SLURM_NEBULA_POWER_CONFIG, "
@@ -152,7 +153,7 @@ Operation = Callable[["Context", list[str], dict[str, list[int]]], "Outcome"]
 def _power_program(prog: str, description: str, operation: Operation, argv: Sequence[str] | None,
                    environ: Mapping[str, str] | None, detachable: bool = False) -> int:
     env = os.environ if environ is None else environ
-    parser = _parser(prog, description)
+    parser = make_parser(prog, description)
     parser.add_argument("hostlist", help="Slurm hostlist expression, e.g. gpu[01-04]")
     args = parse(parser, argv)
     if isinstance(args, int):
@@ -165,7 +166,7 @@ def _power_program(prog: str, description: str, operation: Operation, argv: Sequ
         setup_logging(prog, config)
         nodes = expand(args.hostlist)
     except PowerError as exc:
-        _report(prog, str(exc))
+        report_error(prog, str(exc))
         return exc.exit_code
     if detachable and config.power.detach and _detach():
         log.info("detached: %s continues in the background", args.hostlist)
@@ -201,7 +202,7 @@ def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: li
             for node in locks.busy:
                 outcome.fail(node, "busy: another run holds its lock")
     except PowerError as exc:
-        _report(prog, str(exc))
+        report_error(prog, str(exc))
         return exc.exit_code
     except Exception:
         log.exception("%s %s: internal error", prog, expression)

@@ -269,11 +269,11 @@ def bounds(config: Config) -> tuple[float, float | None, str]:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """PrologSlurmctld: wait until the job's cloud nodes are up, then run [slurm] prolog_chain."""
-    from .cli import _parser, _report, load, parse, setup_logging
+    from .cli import load, make_parser, parse, report_error, setup_logging
 
     started = time.monotonic()
     env = dict(os.environ if environ is None else environ)
-    parser = _parser(PROG, "Slurm PrologSlurmctld for OpenNebula cloud nodes: return as soon as every node "
+    parser = make_parser(PROG, "Slurm PrologSlurmctld for OpenNebula cloud nodes: return as soon as every node "
                      "of the job (SLURM_JOB_ID, SLURM_JOB_NODELIST) that is in a node set is up, so the job "
                      "starts now rather than at slurmctld's next 30 s check; fail at once when one was "
                      "handed back as failed. Then run [slurm] prolog_chain, the site's own prolog.")
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return args
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if not job_id.isdigit():
-        _report(PROG, "SLURM_JOB_ID is not set: slurmctld runs this as PrologSlurmctld, with SLURM_JOB_ID "
+        report_error(PROG, "SLURM_JOB_ID is not set: slurmctld runs this as PrologSlurmctld, with SLURM_JOB_ID "
                 "and SLURM_JOB_NODELIST")
         return EXIT_USAGE
     try:
@@ -293,13 +293,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = load(args, lookup)
         setup_logging(PROG, config)
     except PowerError as exc:  # cannot tell our nodes nor the site's prolog_chain: fail like a missing prolog
-        _report(PROG, str(exc))
+        report_error(PROG, str(exc))
         return exc.exit_code
     try:
         nodes = our_nodes(config, env.get("SLURM_JOB_NODELIST", ""))
         chain = config.slurm.prolog_chain
         if chain is not None and chain.name == PROG:
-            _report(PROG, f"{config.path}: slurm.prolog_chain: {chain} is {PROG} itself, which would run "
+            report_error(PROG, f"{config.path}: slurm.prolog_chain: {chain} is {PROG} itself, which would run "
                     "itself without end; name the site's own prolog or remove prolog_chain")
             return EXIT_CONFIG
         if not nodes and chain is None:
@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         timeout = CHAIN_TIMEOUT if limit is None else max(1.0, limit - (time.monotonic() - started) - 1)
         return run_chain(chain, env, timeout, job_id)
     except PowerError as exc:
-        _report(PROG, f"job {job_id}: {exc}")
+        report_error(PROG, f"job {job_id}: {exc}")
         return exc.exit_code
     except Exception:
         log.exception("job %s: internal error", job_id)

@@ -107,12 +107,12 @@ def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outco
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power reconcile [--dry-run] [HOSTLIST]: repair drift between Slurm and OpenNebula."""
-    from .cli import _parser, _report, build_context, load, parse, setup_logging
+    from .cli import build_context, load, make_parser, parse, report_error, setup_logging
     from .hostlists import expand
 
     prog = "slurm-nebula-power reconcile"
     env = os.environ if environ is None else environ
-    parser = _parser(prog, "Repair drift: terminate our VMs whose node is powered down (after "
+    parser = make_parser(prog, "Repair drift: terminate our VMs whose node is powered down (after "
                      "[power] reconcile_grace), hand back to Slurm nodes believed up whose VM is gone, "
                      "failed or off, and terminate VMs stuck starting past boot_timeout. Run it every minute "
                      "as SlurmUser (etc/systemd).")
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         ctx = build_context(config, env)
         outcome = reconcile(ctx, lambda: slurm_states(ctx.slurm), nodes, args.dry_run)
     except PowerError as exc:
-        _report(prog, str(exc))  # one line on stderr (and the log once it is set up)
+        report_error(prog, str(exc))  # one line on stderr (and the log once it is set up)
         return exc.exit_code
     log.info("summary: %s%s: %s in %.1fs", prog, " --dry-run" if args.dry_run else "", outcome.describe(),
              time.monotonic() - start)

@@ -54,11 +54,6 @@ class NodeState:
         # Not POWER_DOWN: that flag marks a power-down still queued, the node may be allocated.
         return bool(self.flags & {"POWERED_DOWN", "POWERING_DOWN"})
 
-    @property
-    def powering_up(self) -> bool:
-        """A resume is in progress."""
-        return "POWERING_UP" in self.flags
-
 
 def find_scontrol(config: Config | None, environ: Mapping[str, str]) -> Path:
     """scontrol by absolute path: config, SLURM_CONF's bin/sbin siblings, /usr/bin, /usr/local/bin."""

@@ -320,10 +320,10 @@ def slurm_version(config: Config, environ: Mapping[str, str]) -> tuple[int, int]
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power slurm-conf: print the slurm.conf lines for the configured node sets."""
-    from .cli import _parser, load, parse, setup_logging
+    from .cli import load, make_parser, parse, setup_logging
 
     env = os.environ if environ is None else environ
-    parser = _parser("slurm-nebula-power slurm-conf", "Print the slurm.conf lines for the configured node "
+    parser = make_parser("slurm-nebula-power slurm-conf", "Print the slurm.conf lines for the configured node "
                      "sets (NodeName from each template's VCPU, MEMORY and PCI GPUs), their partitions and "
                      "the power-saving parameters with this installation's program paths.")
     parser.epilog = ("A template OpenNebula cannot show is described from the node set's vcpu, memory_mb and "

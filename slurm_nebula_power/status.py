@@ -252,12 +252,12 @@ def prolog_line(config: Config) -> str | None:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power status [HOSTLIST]: Slurm state, VM and what is wrong, per node."""
-    from .cli import _parser, build_context, load, parse, setup_logging
+    from .cli import build_context, load, make_parser, parse, setup_logging
     from .hostlists import expand
 
     prog = "slurm-nebula-power status"
     env = os.environ if environ is None else environ
-    parser = _parser(prog, "One row per node: Slurm state (scontrol), VM id, VM state in words, IP, host, "
+    parser = make_parser(prog, "One row per node: Slurm state (scontrol), VM id, VM state in words, IP, host, "
                      "age, and what is wrong.")
     parser.epilog = ("exit: 0 nothing wrong, 1 some node has a problem, 2 usage, 3 configuration, "
                      "4 OpenNebula unreachable")

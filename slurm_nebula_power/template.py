@@ -202,11 +202,11 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power template: print a node set's VM template."""
-    from .cli import _parser, load, parse
+    from .cli import load, make_parser, parse
 
     env = os.environ if environ is None else environ
     prog = "slurm-nebula-power template"
-    parser = _parser(prog, "Print the OpenNebula VM template of a node set, ready for `onetemplate create`: "
+    parser = make_parser(prog, "Print the OpenNebula VM template of a node set, ready for `onetemplate create`: "
                      "CPU, VCPU, MEMORY, the GPU by PCI passthrough, an optional InfiniBand SR-IOV NIC, the "
                      "NIC, the image, and CONTEXT with the controller, the munge key and the worker "
                      "bootstrap. Values come from the node set's options.")

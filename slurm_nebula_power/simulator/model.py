@@ -7,7 +7,6 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from slurm_nebula_power.simulator.config import HostSpec, NetworkSpec, PciDevice
-from slurm_nebula_power.simulator.states import ACTIVE, POWEROFF, SUSPENDED
 from slurm_nebula_power.simulator.templates import Template
 
 
@@ -75,11 +74,6 @@ class Vm:
     def touch(self) -> None:
         """Mark the VM changed so cached XML is rendered again."""
         self.version += 1
-
-    @property
-    def holds_host(self) -> bool:
-        """oned keeps host resources in ACTIVE (any LCM state), POWEROFF and SUSPENDED."""
-        return self.state in (ACTIVE, POWEROFF, SUSPENDED) and self.host_id is not None
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
 
 Value = str | dict[str, str]
 Template = dict[str, list[Value]]
@@ -83,14 +82,6 @@ def to_plain(tmpl: Template) -> dict[str, object]:
     for key, values in tmpl.items():
         copies = [dict(v) if isinstance(v, dict) else v for v in values]
         out[key] = copies[0] if len(copies) == 1 else copies
-    return out
-
-
-def from_pairs(pairs: Iterable[tuple[str, Value]]) -> Template:
-    """Build a template from (name, value) pairs, repeating names allowed."""
-    out: Template = {}
-    for key, value in pairs:
-        out.setdefault(key, []).append(value)
     return out
 
 
