@@ -409,13 +409,13 @@ def test_real_failed_node_ends_the_prolog_and_the_requeued_job_completes(slurm_f
     cluster = slurm_factory(nodes=["cloud1", "cloud2"], resume_program=resume, prolog_slurmctld=program())
     log = our_prolog_site(cluster)
     job = cluster.sbatch(nodes=2)
-    cluster.wait_for(lambda: cluster.job_info(job).get("Restarts") == "1", 20, "job requeued")
-    cluster.wait_for(lambda: "node cloud2 failed" in log.read_text(), 10, "the prolog saw cloud2 fail")
+    cluster.wait_for(lambda: cluster.job_info(job).get("Restarts") == "1", 40, "job requeued")
+    cluster.wait_for(lambda: "node cloud2 failed" in log.read_text(), 20, "the prolog saw cloud2 fail")
     text = log.read_text()
     failed = rf"job {job}: node cloud2 failed \(IDLE\+CLOUD\+POWER\S* Reason=nebula: no free GPU"
     assert re.search(failed, text)
     # The second run waits through cloud2's leftover "nebula:" reason and lets the job start.
-    cluster.wait_job(job, ["COMPLETED"], timeout=60)
+    cluster.wait_job(job, ["COMPLETED"], timeout=90)
     assert sorted(cluster.job_output(job).split()) == ["cloud1", "cloud2"]
     assert cluster.job_info(job)["Restarts"] == "1"
     assert f"job {job}: 2 node(s) up after" in log.read_text()
