@@ -14,8 +14,8 @@ import argparse
 import math
 import sys
 
-from slurm_nebula_power.simulator import Durations, NetworkSpec, SimConfig, running_simulator
-from slurm_nebula_power.simulator.config import default_hosts
+from opennebula_sim import Durations, NetworkSpec, SimConfig, running_simulator
+from opennebula_sim.config import default_hosts
 
 AUTH = "oneadmin:bench-secret"
 CLUSTER = "bench"

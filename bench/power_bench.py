@@ -81,7 +81,7 @@ def launch_argv(argv: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
 
 
 class Simulator:
-    """The simulator as a separate process (`python -m slurm_nebula_power.simulator`)."""
+    """The simulator as a separate process (`python -m opennebula_sim`)."""
 
     def __init__(self, root: Path, nodes: int, latency_ms: float) -> None:
         root.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ class Simulator:
             gpus_per_host = {PER_HOST}
             """))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "slurm_nebula_power.simulator", "--listen", "127.0.0.1:0", "--auth", AUTH,
+            [sys.executable, "-m", "opennebula_sim", "--listen", "127.0.0.1:0", "--auth", AUTH,
              "--config", str(config), "--latency-ms", str(latency_ms)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
         self.endpoint = _endpoint_line(self.proc)
@@ -228,8 +228,9 @@ def our_pool_query(config_path: Path) -> Callable[[], int]:
 
 def full_pool_query(config_path: Path) -> Callable[[], int]:
     """The whole pool, every user's VMs (filter flag -2), through the same transport and parser."""
-    from slurm_nebula_power.cloud import OneCloud, vms_from_xml
+    from slurm_nebula_power.cloud import OneCloud
     from slurm_nebula_power.config import load_config
+    from slurm_nebula_power.model import vms_from_xml
 
     config = load_config(config_path, {"SLURM_CONF": str(config_path.parent / "slurm.conf")})
     cloud = OneCloud(config.opennebula)

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from . import hostlists
 from .errors import ConfigError, HostlistError
+from .slurmconf import read_slurm_conf
 
 ENV_CONFIG = "SLURM_NEBULA_POWER_CONFIG"
 CONFIG_NAME = "nebula-power.toml"
@@ -292,17 +293,11 @@ def read_session(path: Path, config_path: Path) -> str:
 
 
 def cluster_from_slurm_conf(path: Path) -> str | None:
-    """ClusterName from slurm.conf, or None when the file or key is missing."""
+    """ClusterName from slurm.conf (Include files too), or None when the file or key is missing."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        return read_slurm_conf(path).params.get("clustername") or None
+    except ConfigError:
         return None
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        name, sep, value = line.partition("=")
-        if sep and name.strip().lower() == "clustername" and value.strip():
-            return value.strip()
-    return None
 
 
 def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:

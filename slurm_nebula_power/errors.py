@@ -57,3 +57,9 @@ class VmNotFound(CloudError):
 
 class ActionRefused(CloudError):
     """oned refused an action for the VM's current state."""
+
+
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """An error's first line (its class name when it has no text), at most limit characters."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if limit is None else text[:limit]

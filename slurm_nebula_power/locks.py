@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
+from .backoff import Backoff
 from .errors import ConfigError
 
 
@@ -38,7 +39,7 @@ class NodeLocks:
                               "create it writable by SlurmUser or set lock_dir") from None
         pending = list(self.nodes)
         deadline = self.clock() + self.wait
-        delay = 0.02
+        delay = Backoff(0.02, 0.5)
         while True:
             # In name order, stopping at the first busy node: a run waits only while holding locks that
             # sort before the one it waits for, so two runs never wait for each other (taking every free
@@ -47,8 +48,7 @@ class NodeLocks:
                 pending.pop(0)
             if not pending or self.clock() >= deadline:
                 break
-            self.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            self.sleep(delay.next())
         # Done waiting: take whatever else is free now and leave the busy rest.
         self.busy = [node for node in pending if not self._try(node)]
         return self

@@ -25,25 +25,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .config import ENV_CONFIG
+from .backoff import Backoff
+from .config import ENV_CONFIG, Config
 from .errors import (
-    EXIT_CONFIG,
-    EXIT_INTERNAL,
     EXIT_NODES_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
     HostlistError,
     PowerError,
     SlurmError,
 )
-from .hostlists import fold
-from .slurm import NodeState
-
-if TYPE_CHECKING:
-    from .config import Config
-    from .slurm import Scontrol
+from .hostlists import expand_trusted, fold
+from .shapes import RESUME_MARGIN
+from .slurm import NodeState, Scontrol
+from .slurmconf import read_slurm_conf
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +66,16 @@ UP, WAITING, FAILED = "up", "waiting", "failed"
 def classify(state: NodeState | None) -> tuple[str, str]:
     """UP, WAITING or FAILED for one of the job's nodes, and the words for the log.
 
-    FAILED only when the node cannot serve the job any more: DOWN (ResumeTimeout, or the 23.02+ hand-back
-    DOWN+ResumeAfter), DRAIN or FAIL (slurmctld requeues the job), powering down, or IDLE with a power-down
-    flag (22.05's POWER_DOWN_FORCE hand-back: no longer allocated to the job). Not the Reason: a node handed
-    back earlier keeps its "nebula: ..." reason until it registers again, also while it is resumed anew.
+    FAILED only when the node cannot serve the job any more (NodeState.is_lost_to_job); not the Reason: a
+    node handed back earlier keeps its "nebula: ..." reason until it registers again, also while it is
+    resumed anew.
     """
     if state is None:
         return WAITING, "not shown by scontrol"
-    flags = state.flags
-    base = state.state.split("+", 1)[0].rstrip("*~#%!$@^-").upper()
     words = state.state + (f" Reason={state.reason}" if state.reason else "")
-    if base in ("DOWN", "FAIL") or flags & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"}:
+    if state.is_lost_to_job:
         return FAILED, words
-    if "POWERING_DOWN" in flags or (base == "IDLE" and flags & {"POWER_DOWN", "POWERED_DOWN"}):
-        return FAILED, words
-    if flags & {"POWERING_UP", "POWER_UP", "POWERED_DOWN", "NOT_RESPONDING"} or base in ("UNKNOWN", "FUTURE"):
+    if state.is_registering:
         return WAITING, words
     return UP, words
 
@@ -125,7 +115,7 @@ class Wait:
         start = self.clock()
         deadline, next_job = start + self.bound, start + JOB_EVERY
         parent = self.parent()
-        interval, errors = POLL_FIRST, 0
+        interval, errors = Backoff(POLL_FIRST, POLL_MAX, POLL_GROWTH), 0
         while True:
             self.polls += 1
             try:
@@ -149,7 +139,7 @@ class Wait:
                              len(self.nodes), self.clock() - start, self.polls)
                     return EXIT_OK
                 if progressed:
-                    interval = POLL_FIRST  # the others are often close behind
+                    interval.reset()  # the others are often close behind
             now = self.clock()
             if now >= next_job:
                 next_job = now + JOB_EVERY
@@ -166,8 +156,7 @@ class Wait:
                 log.error("job %s: %s not up after %.0fs (ResumeTimeout + %.0fs): giving up, the job "
                           "requeues", self.job_id, waiting, self.bound, MARGIN)
                 return EXIT_NODES_FAILED
-            self.sleep(min(interval, max(0.0, deadline - now)))
-            interval = min(interval * POLL_GROWTH, POLL_MAX)
+            self.sleep(min(interval.next(), max(0.0, deadline - now)))
 
     def _note_progress(self, verdicts: Mapping[str, tuple[str, str]], elapsed: float) -> bool:
         progressed = False
@@ -237,8 +226,6 @@ def slurmctld_environ(environ: Mapping[str, str], pid: int | None = None) -> dic
 def our_nodes(config: Config, nodelist: str) -> list[str]:
     """The job's nodes that are in a node set; [] when the nodelist cannot be read (the job then merely
     waits for slurmctld's own check)."""
-    from .hostlists import expand_trusted
-
     if not nodelist.strip():
         return []
     try:
@@ -253,8 +240,6 @@ def our_nodes(config: Config, nodelist: str) -> list[str]:
 def bounds(config: Config) -> tuple[float, float | None, str]:
     """(wait bound, slurm.conf's PrologEpilogTimeout or None, how the bound was derived): ResumeTimeout plus
     MARGIN; an unreadable slurm.conf gives the ResumeTimeout slurm-conf recommends."""
-    from .slurmconf import RESUME_MARGIN, read_slurm_conf
-
     assert config.slurm.slurm_conf is not None  # load_config always sets it
     try:
         conf = read_slurm_conf(config.slurm.slurm_conf)
@@ -265,70 +250,3 @@ def bounds(config: Config) -> tuple[float, float | None, str]:
     resume = conf.seconds("ResumeTimeout") or 60
     limit = conf.seconds("PrologEpilogTimeout") if conf.get("PrologEpilogTimeout") else None
     return resume + MARGIN, float(limit) if limit and limit > 0 else None, f"ResumeTimeout {resume}s"
-
-
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """PrologSlurmctld: wait until the job's cloud nodes are up, then run [slurm] prolog_chain."""
-    from .cli import load, make_parser, parse, report_error, setup_logging
-
-    started = time.monotonic()
-    env = dict(os.environ if environ is None else environ)
-    parser = make_parser(PROG, "Slurm PrologSlurmctld for OpenNebula cloud nodes: return as soon as every node "
-                     "of the job (SLURM_JOB_ID, SLURM_JOB_NODELIST) that is in a node set is up, so the job "
-                     "starts now rather than at slurmctld's next 30 s check; fail at once when one was "
-                     "handed back as failed. Then run [slurm] prolog_chain, the site's own prolog.")
-    parser.epilog = ("exit: 0 nodes up (or none of ours) and prolog_chain passed, else prolog_chain's code; "
-                     "1 a node failed, the job left CONFIGURING, or ResumeTimeout + 30 s passed (slurmctld "
-                     "requeues the job); 2 SLURM_JOB_ID missing; 3 configuration error")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    job_id = env.get("SLURM_JOB_ID", "").strip()
-    if not job_id.isdigit():
-        report_error(PROG, "SLURM_JOB_ID is not set: slurmctld runs this as PrologSlurmctld, with SLURM_JOB_ID "
-                "and SLURM_JOB_NODELIST")
-        return EXIT_USAGE
-    try:
-        lookup = slurmctld_environ(env)
-        config = load(args, lookup)
-        setup_logging(PROG, config)
-    except PowerError as exc:  # cannot tell our nodes nor the site's prolog_chain: fail like a missing prolog
-        report_error(PROG, str(exc))
-        return exc.exit_code
-    try:
-        nodes = our_nodes(config, env.get("SLURM_JOB_NODELIST", ""))
-        chain = config.slurm.prolog_chain
-        if chain is not None and chain.name == PROG:
-            report_error(PROG, f"{config.path}: slurm.prolog_chain: {chain} is {PROG} itself, which would run "
-                    "itself without end; name the site's own prolog or remove prolog_chain")
-            return EXIT_CONFIG
-        if not nodes and chain is None:
-            log.debug("job %s: no cloud nodes", job_id)
-            return EXIT_OK
-        bound, limit, derived = bounds(config)
-        if nodes:
-            log.info("job %s: waiting for %s (%d node(s)), at most %.0fs (%s + %.0fs)", job_id, fold(nodes),
-                     len(nodes), bound, derived, MARGIN)
-            code = Wait(scontrol(config, lookup), job_id, nodes, bound).run()
-            if code != EXIT_OK:
-                return code
-        if chain is None:
-            return EXIT_OK
-        # Within slurmctld's own PrologEpilogTimeout, which would kill us and leave the chained one running.
-        timeout = CHAIN_TIMEOUT if limit is None else max(1.0, limit - (time.monotonic() - started) - 1)
-        return run_chain(chain, env, timeout, job_id)
-    except PowerError as exc:
-        report_error(PROG, f"job {job_id}: {exc}")
-        return exc.exit_code
-    except Exception:
-        log.exception("job %s: internal error", job_id)
-        return EXIT_INTERNAL
-
-
-def scontrol(config: Config, environ: Mapping[str, str]) -> Scontrol:
-    """scontrol for the polls: SLURM_CONF as configured, a short timeout per call."""
-    from .slurm import Scontrol, find_scontrol
-
-    path = find_scontrol(config, environ)
-    slurm_env = {"SLURM_CONF": str(config.slurm.slurm_conf)} if config.slurm.slurm_conf else {}
-    return Scontrol(path, env=slurm_env, timeout=SCONTROL_TIMEOUT)

@@ -1,7 +1,9 @@
-"""The only module that runs scontrol: argument lists, batching, version detection."""
+"""The only module that runs scontrol (argument lists, batching, version detection), and Slurm's node state
+and resume file read once for every caller."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -12,8 +14,8 @@ from pathlib import Path
 from typing import Protocol
 
 from .config import Config
-from .errors import SlurmError
-from .hostlists import fold
+from .errors import PowerError, SlurmError
+from .hostlists import expand, fold
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +36,25 @@ class SlurmControl(Protocol):
         """Give nodes that cannot start back to Slurm now, so their jobs requeue."""
 
 
+# Base states of a node that serves jobs (scontrol's State= before the first '+').
+UP_STATES = ("IDLE", "ALLOCATED", "MIXED", "COMPLETING")
+# Where a node is in Slurm's power cycle.
+OFF, STOPPING, STARTING, UP, OTHER = "off", "stopping", "starting", "up", "other"
+
+
 @dataclass(frozen=True)
 class NodeState:
-    """A node as `scontrol show node -o` reports it."""
+    """A node as `scontrol show node -o` reports it, interpreted once: every caller uses these predicates."""
 
     name: str
-    state: str  # e.g. IDLE+CLOUD+POWERED_DOWN
+    state: str  # e.g. IDLE+CLOUD+POWERED_DOWN, DOWN*+CLOUD (the * marks a node not responding)
     reason: str = ""
     addr: str = ""
+
+    @property
+    def base(self) -> str:
+        """The base state without the suffix scontrol/sinfo append (DOWN* -> DOWN, IDLE~ -> IDLE)."""
+        return self.state.split("+", 1)[0].rstrip("*~#%!$@^-").upper()
 
     @property
     def flags(self) -> set[str]:
@@ -49,10 +62,62 @@ class NodeState:
         return set(self.state.upper().replace("*", "").split("+"))
 
     @property
-    def powered_down(self) -> bool:
-        """Powered down or on its way down: no VM should run for it."""
-        # Not POWER_DOWN: that flag marks a power-down still queued, the node may be allocated.
-        return bool(self.flags & {"POWERED_DOWN", "POWERING_DOWN"})
+    def is_powering_up(self) -> bool:
+        """Its power-up (resume) is in progress."""
+        return "POWERING_UP" in self.flags
+
+    @property
+    def is_powered_down(self) -> bool:
+        """Powered down: no VM should run for it."""
+        return "POWERED_DOWN" in self.flags
+
+    @property
+    def is_powering_down(self) -> bool:
+        """On its way down, or a power-down is queued for it."""
+        return bool(self.flags & {"POWERING_DOWN", "POWER_DOWN"})
+
+    @property
+    def is_down(self) -> bool:
+        """DOWN (not responding or not, DOWN* included)."""
+        return self.base == "DOWN"
+
+    @property
+    def is_drained(self) -> bool:
+        """DRAIN among its flags."""
+        return "DRAIN" in self.flags
+
+    @property
+    def is_up(self) -> bool:
+        """Serving jobs: IDLE, ALLOCATED, MIXED or COMPLETING, with no power transition under way."""
+        return self.phase == UP
+
+    @property
+    def phase(self) -> str:
+        """OFF | STOPPING | STARTING | UP | OTHER (DOWN, FUTURE, ...)."""
+        if self.is_powering_up:
+            return STARTING
+        if self.is_powered_down:
+            return OFF
+        if self.is_powering_down:
+            return STOPPING
+        return UP if self.base in UP_STATES else OTHER
+
+    @property
+    def is_lost_to_job(self) -> bool:
+        """It can no longer serve the job it was resumed for: DOWN (ResumeTimeout, or the 23.02+ hand-back
+        DOWN+ResumeAfter), DRAIN or FAIL (slurmctld requeues the job), powering down, or IDLE with a
+        power-down flag (22.05's POWER_DOWN_FORCE hand-back: no longer allocated to the job).
+        Not the Reason: a node handed back earlier keeps its "nebula: ..." reason until it registers again."""
+        flags, base = self.flags, self.base
+        if base in ("DOWN", "FAIL") or flags & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"}:
+            return True
+        return "POWERING_DOWN" in flags or (base == "IDLE" and bool(flags & {"POWER_DOWN", "POWERED_DOWN"}))
+
+    @property
+    def is_registering(self) -> bool:
+        """Still on its way to serving a job: powering up, powered down, not responding, UNKNOWN or FUTURE."""
+        return bool(self.flags & {"POWERING_UP", "POWER_UP", "POWERED_DOWN", "NOT_RESPONDING"}) or \
+            self.base in ("UNKNOWN", "FUTURE")
 
 
 def find_scontrol(config: Config | None, environ: Mapping[str, str]) -> Path:
@@ -70,6 +135,38 @@ def find_scontrol(config: Config | None, environ: Mapping[str, str]) -> Path:
             return path
     raise SlurmError("scontrol not found in " + ", ".join(map(str, candidates))
                      + "; set [slurm] scontrol = \"/path/to/scontrol\"")
+
+
+def scontrol_for(config: Config, environ: Mapping[str, str], timeout: float = 30.0) -> Scontrol:
+    """The configured site's scontrol: found by find_scontrol, run with the configured SLURM_CONF."""
+    env = {"SLURM_CONF": str(config.slurm.slurm_conf)} if config.slurm.slurm_conf else {}
+    return Scontrol(find_scontrol(config, environ), env=env, timeout=timeout)
+
+
+def slurm_version(config: Config, environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """(major, minor) of the local scontrol, or None when there is none."""
+    try:
+        return scontrol_for(config, environ).version()
+    except SlurmError:
+        return None
+
+
+def jobs_from_resume_file(environ: Mapping[str, str]) -> dict[str, list[int]]:
+    """Job ids per node from SLURM_RESUME_FILE (22.05 `nodes`, 23.02+ `nodes_resume`); {} when absent."""
+    path = environ.get("SLURM_RESUME_FILE")
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        jobs: dict[str, list[int]] = {}
+        for job in data.get("jobs") or []:
+            nodes = job.get("nodes_resume") or job.get("nodes") or ""
+            for node in expand(nodes) if nodes else []:
+                jobs.setdefault(node, []).append(int(job["job_id"]))
+        return jobs
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, PowerError) as exc:
+        log.warning("SLURM_RESUME_FILE %s unreadable, continuing without job ids: %s", path, exc)
+        return {}
 
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -146,6 +243,10 @@ class Scontrol:
                             f"ResumeAfter={RESUME_AFTER}")
             else:
                 self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
+
+    def show_all_nodes(self) -> dict[str, NodeState]:
+        """Every node slurmctld shows (one `scontrol show node -o`); SlurmError when it cannot be asked."""
+        return parse_show_node(self.run("show", "node", "-o"))
 
     def show_nodes(self, nodes: Iterable[str]) -> dict[str, NodeState]:
         """Parse `scontrol show node -o` for these nodes (missing ones are left out)."""

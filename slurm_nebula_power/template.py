@@ -8,19 +8,16 @@ context packages run at every boot.
 from __future__ import annotations
 
 import base64
-import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import __version__
-from .errors import EXIT_OK, ConfigError, PowerError, UsageError
-
-if TYPE_CHECKING:
-    from .config import Config, NodeSet
+from .config import Config, NodeSet
+from .errors import ConfigError, UsageError
+from .hostlists import expand
 
 WORKER_SCRIPT = "worker/slurm-nebula-worker.sh"
 # The worker writes this only once slurmd started on this boot; the context packages' REPORT_READY runs
@@ -40,8 +37,6 @@ def worker_script() -> bytes:
 
 def pick_nodeset(config: Config, wanted: str | None) -> tuple[int, NodeSet]:
     """The node set named by --nodeset (its nodes expression, or nodes of it), or the only one."""
-    from .hostlists import expand
-
     if wanted is None:
         if len(config.nodesets) == 1:
             return 0, config.nodesets[0]
@@ -198,31 +193,3 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
         "]",
     ]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """slurm-nebula-power template: print a node set's VM template."""
-    from .cli import load, make_parser, parse
-
-    env = os.environ if environ is None else environ
-    prog = "slurm-nebula-power template"
-    parser = make_parser(prog, "Print the OpenNebula VM template of a node set, ready for `onetemplate create`: "
-                     "CPU, VCPU, MEMORY, the GPU by PCI passthrough, an optional InfiniBand SR-IOV NIC, the "
-                     "NIC, the image, and CONTEXT with the controller, the munge key and the worker "
-                     "bootstrap. Values come from the node set's options.")
-    parser.add_argument("--nodeset", metavar="NODES", help="the node set: its nodes expression or some of "
-                        "its nodes (needed when there are several node sets)")
-    parser.epilog = ("The output holds the munge key, a secret: redirect it to a file of mode 600. "
-                     "exit: 0 printed, 2 no such node set, 3 configuration error")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    try:
-        config = load(args, env)
-        index, nodeset = pick_nodeset(config, args.nodeset)
-        text = render(config, index, nodeset)
-    except PowerError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    sys.stdout.write(text)
-    return EXIT_OK

@@ -28,8 +28,8 @@ from typing import Any
 
 from slurmharness import SlurmCluster, python_program
 
-from slurm_nebula_power.simulator import Durations, SimConfig, Simulator
-from slurm_nebula_power.simulator.config import default_hosts
+from opennebula_sim import Durations, SimConfig, Simulator
+from opennebula_sim.config import default_hosts
 
 BIN = Path(sys.executable).parent
 RESUME = BIN / "slurm-nebula-resume"
@@ -115,7 +115,7 @@ class E2E:
 
     def watch_vms(self, interval: float = 0.05) -> None:
         """Log every VM state change to simulator.log (a failing test's report shows the VMs' life)."""
-        log = logging.getLogger("slurm_nebula_power.simulator.e2e")
+        log = logging.getLogger("opennebula_sim.e2e")
 
         def run() -> None:
             seen: dict[int, tuple[Any, ...]] = {}
@@ -197,7 +197,7 @@ class E2E:
             self._watching.set()
             self.sim.stop()
             if self._handler is not None:
-                logging.getLogger("slurm_nebula_power.simulator").removeHandler(self._handler)
+                logging.getLogger("opennebula_sim").removeHandler(self._handler)
                 self._handler.close()
 
 
@@ -234,7 +234,7 @@ def start_e2e(
 
     handler = logging.FileHandler(cluster.log_dir / "simulator.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    sim_logger = logging.getLogger("slurm_nebula_power.simulator")
+    sim_logger = logging.getLogger("opennebula_sim")
     sim_logger.addHandler(handler)
     sim_logger.setLevel(logging.INFO)
 

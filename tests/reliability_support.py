@@ -20,8 +20,8 @@ from opsupport import show
 from simfixtures import AUTH
 from support import Setup, make_setup, run_env
 
+from opennebula_sim import states as S
 from slurm_nebula_power.hostlists import expand
-from slurm_nebula_power.simulator import states as S
 
 CLUSTER = "testcluster"  # ClusterName that make_setup writes into slurm.conf
 DONE = S.DONE

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support import make_setup
 
-from slurm_nebula_power.simulator import SimConfig, running_simulator
-from slurm_nebula_power.simulator.config import Durations, default_hosts
+from opennebula_sim import SimConfig, running_simulator
+from opennebula_sim.config import Durations, default_hosts
 
 AUTH = "oneadmin:Sim-S3cret-pass"
 

@@ -12,9 +12,9 @@ import pytest
 from simfixtures import AUTH, fast_config
 from support import Setup, make_setup
 
-from slurm_nebula_power.cli import resume_main, suspend_main
+from opennebula_sim import Simulator, running_simulator
+from slurm_nebula_power.cli.main import resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_OK
-from slurm_nebula_power.simulator import Simulator, running_simulator
 
 N = 100
 NODES = "gpu[001-100]"

@@ -10,11 +10,11 @@ import pytest
 from simfixtures import AUTH, sim
 from support import Setup, make_setup
 
-from slurm_nebula_power import check
+from slurm_nebula_power.cli import check
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
-from slurm_nebula_power.slurmconf import generate, program_path, read_shapes
+from slurm_nebula_power.shapes import generate, program_path, read_shapes
 
 NODESETS = """\
 [[nodeset]]

@@ -14,7 +14,7 @@ import pytest
 from simfixtures import AUTH, setup, sim, vms_of
 from support import make_setup, run_env
 
-from slurm_nebula_power.cli import power_main, resume_fail_main, resume_main, suspend_main
+from slurm_nebula_power.cli.main import power_main, resume_fail_main, resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 
 PROGRAMS = ["slurm-nebula-resume", "slurm-nebula-suspend", "slurm-nebula-resume-fail", "slurm-nebula-power"]
@@ -35,7 +35,7 @@ def test_every_program_answers_help_and_version(name: str) -> None:
 
 
 def test_help_and_version_do_not_import_pyone() -> None:
-    code = ("import sys; from slurm_nebula_power.cli import resume_main\n"
+    code = ("import sys; from slurm_nebula_power.cli.main import resume_main\n"
             "try:\n    resume_main(['--version'])\nexcept SystemExit:\n    pass\n"
             "print('pyone' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)

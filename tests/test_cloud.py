@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from simfixtures import AUTH, sim
 
-from slurm_nebula_power.cloud import OneCloud, Vm, vms_from_xml
+from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import OneConfig
 from slurm_nebula_power.errors import ActionRefused, TransientCloudError
+from slurm_nebula_power.model import Vm, vms_from_xml
 
 
 def cloud_for(endpoint: str = "http://127.0.0.1:9/RPC2", timeout: float = 5.0,

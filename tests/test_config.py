@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support import make_setup
 
-from slurm_nebula_power.cli import resume_main
+from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.config import find_config, load_config
 from slurm_nebula_power.errors import EXIT_CONFIG, ConfigError
 

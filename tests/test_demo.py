@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_nebula_power import demo
-from slurm_nebula_power.cli import power_main
+from slurm_nebula_power.cli import demo
+from slurm_nebula_power.cli.main import power_main
 
 REPO = Path(__file__).resolve().parent.parent
 FORWARD = ("PENDING", "ACTIVE/PROLOG", "ACTIVE/BOOT", "ACTIVE/RUNNING", "ACTIVE/SHUTDOWN", "ACTIVE/EPILOG",

@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from slurm_nebula_power.cloud import TAG_CLUSTER, TAG_NODE, Vm
-from slurm_nebula_power.power import extra_template, next_down_action, ours_by_node, plan_resume
+from slurm_nebula_power.model import TAG_CLUSTER, TAG_NODE, Vm, ours_by_node
+from slurm_nebula_power.plan import extra_template, next_down_action, plan_resume
 
 TAGS = {TAG_CLUSTER: "c1", TAG_NODE: "gpu01"}
 
@@ -40,7 +40,7 @@ def test_resume_keeps_the_best_vm_and_removes_duplicates() -> None:
     running, failed, off = vm(3, 3, vid=7), vm(3, 36, vid=8), vm(8, vid=9)
     plan = plan_resume([failed, running, off])
     assert plan.action == "wait" and plan.vm == running
-    assert {v.id for v in plan.extra} == {8, 9}
+    assert {v.id for v in plan.duplicates} == {8, 9}
 
 
 def test_identity_needs_name_and_both_tags() -> None:

@@ -8,7 +8,8 @@ import pytest
 from support import make_setup
 
 from slurm_nebula_power.config import load_config
-from slurm_nebula_power.power import Context, resume
+from slurm_nebula_power.operation import Context
+from slurm_nebula_power.resume import resume
 
 
 class RecordingSlurm:

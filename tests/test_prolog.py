@@ -17,9 +17,11 @@ from slurmharness import SlurmCluster, recording_program
 from support import Setup, make_setup
 
 from slurm_nebula_power import prolog
-from slurm_nebula_power.cli import power_main
+from slurm_nebula_power.cli import prolog as prolog_cmd
+from slurm_nebula_power.cli.main import power_main
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
+from slurm_nebula_power.slurm import scontrol_for
 
 NOWHERE = "http://127.0.0.1:9/RPC2"  # the prolog never calls OpenNebula
 GPU = "NodeName={} Arch=x86_64 CPUTot=8 State={}"
@@ -71,18 +73,18 @@ def set_chain(site: Setup, chain: Path) -> None:
 
 
 def test_job_without_cloud_nodes_exits_0_at_once_without_asking_slurm(site) -> None:
-    assert prolog.main([], job_env(site, "static[1-4],login1")) == EXIT_OK
+    assert prolog_cmd.main([], job_env(site, "static[1-4],login1")) == EXIT_OK
     assert site.scontrol_calls() == []
 
 
 def test_only_our_nodes_are_polled_in_one_call_per_poll(site) -> None:
     site.set_nodes(nodes(gpu02="ALLOCATED+CLOUD", gpu03="MIXED+CLOUD"))
-    assert prolog.main([], job_env(site, "static1,gpu[02-03],cpu9")) == EXIT_OK
+    assert prolog_cmd.main([], job_env(site, "static1,gpu[02-03],cpu9")) == EXIT_OK
     assert shows(site) == [["show", "node", "-o", "gpu[02-03]"]]
 
 
 def test_an_unreadable_nodelist_means_no_wait(site) -> None:
-    assert prolog.main([], job_env(site, "gpu[01-")) == EXIT_OK
+    assert prolog_cmd.main([], job_env(site, "gpu[01-")) == EXIT_OK
     assert site.scontrol_calls() == []
     assert "unreadable" in site.log_text()
 
@@ -101,7 +103,7 @@ def test_nodes_coming_up_one_by_one(site) -> None:
         nodes(gpu01="ALLOCATED+CLOUD", gpu02="ALLOCATED+CLOUD", gpu03="ALLOCATED+CLOUD"),
         nodes(gpu01="should not be asked again"),
     ])
-    assert prolog.main([], job_env(site, "gpu[01-03]")) == EXIT_OK
+    assert prolog_cmd.main([], job_env(site, "gpu[01-03]")) == EXIT_OK
     assert shows(site) == [["show", "node", "-o", "gpu[01-03]"]] * 6
     log = site.log_text()
     ups = [re.search(rf"node {n} up after [\d.]+s \((\d) of 3\)", log) for n in ("gpu01", "gpu03", "gpu02")]
@@ -118,7 +120,7 @@ def test_a_reason_left_from_an_earlier_hand_back_is_not_a_failure(site) -> None:
         nodes(gpu01="ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP" + old),
         nodes(gpu01="ALLOCATED+CLOUD"),
     ])
-    assert prolog.main([], job_env(site, "gpu01")) == EXIT_OK
+    assert prolog_cmd.main([], job_env(site, "gpu01")) == EXIT_OK
     assert len(shows(site)) == 3
 
 
@@ -134,7 +136,7 @@ def test_a_node_handed_back_as_failed_ends_the_wait_at_once(site, failed: str) -
     booting = "ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP"
     site.set_node_sequence([nodes(gpu01=booting, gpu02=booting),
                             nodes(gpu01="ALLOCATED+CLOUD", gpu02=failed)])
-    assert prolog.main([], job_env(site, "gpu[01-02]")) == EXIT_NODES_FAILED
+    assert prolog_cmd.main([], job_env(site, "gpu[01-02]")) == EXIT_NODES_FAILED
     assert len(shows(site)) == 2, "non-zero at the poll that saw it"
     assert f"job 42: node gpu02 failed ({failed.split(' Reason=')[0]}" in site.log_text()
 
@@ -146,7 +148,7 @@ def test_a_job_that_left_configuring_ends_the_wait(site, monkeypatch) -> None:
     set_chain(site, site_prolog(site.root / "site-prolog", 0, chain_record))
     site.set_job(
         "JobId=42 JobName=x UserId=u(1) JobState=PENDING Reason=BeginTime Dependency=(null) Restarts=1\n")
-    assert prolog.main([], job_env(site, "gpu01")) == EXIT_NODES_FAILED
+    assert prolog_cmd.main([], job_env(site, "gpu01")) == EXIT_NODES_FAILED
     assert job_checks(site) == [["show", "job", "-o", "42"]]
     assert "job 42: job is PENDING, no longer waiting for its nodes" in site.log_text()
     assert not chain_record.exists(), "the site prolog runs only after a successful wait"
@@ -156,11 +158,11 @@ def test_a_job_slurmctld_forgot_ends_the_wait_but_a_failed_query_does_not(site, 
     monkeypatch.setattr(prolog, "JOB_EVERY", 0.2)
     site.set_nodes(nodes(gpu01="ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP"))
     site.set_job("error: Unable to contact slurm controller (connect failure)")
-    slurm = prolog.scontrol(load_config(site.config, site.env), site.env)
+    slurm = scontrol_for(load_config(site.config, site.env), site.env, prolog.SCONTROL_TIMEOUT)
     assert prolog.job_state(slurm, "42") is None
     site.set_job("error: Invalid job id specified")
     assert prolog.job_state(slurm, "42") == "GONE"
-    assert prolog.main([], job_env(site, "gpu01")) == EXIT_NODES_FAILED
+    assert prolog_cmd.main([], job_env(site, "gpu01")) == EXIT_NODES_FAILED
     assert "job 42: job is GONE" in site.log_text()
 
 
@@ -170,7 +172,7 @@ def test_gives_up_after_resume_timeout_plus_margin_polling_a_few_times_a_second(
     site.set_nodes(nodes(gpu01="ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP", gpu02="ALLOCATED+CLOUD"))
     site.set_job("JobId=42 JobState=CONFIGURING Reason=None\n")
     start = time.monotonic()
-    assert prolog.main([], job_env(site, "gpu[01-02]")) == EXIT_NODES_FAILED
+    assert prolog_cmd.main([], job_env(site, "gpu[01-02]")) == EXIT_NODES_FAILED
     elapsed = time.monotonic() - start
     polls, checks = len(shows(site)), len(job_checks(site))
     print(f"bound 2 s: gave up after {elapsed:.1f}s with {polls} node polls and {checks} job checks")
@@ -216,7 +218,7 @@ def test_chains_to_a_site_prolog_that_fails_and_returns_its_code(site) -> None:
     set_chain(site, site_prolog(site.root / "site-prolog", 7, record))
     site.set_node_sequence([nodes(gpu01="ALLOCATED+CLOUD+POWERING_UP"), nodes(gpu01="ALLOCATED+CLOUD")])
     env = job_env(site, "gpu01")
-    assert prolog.main([], env) == 7
+    assert prolog_cmd.main([], env) == 7
     theirs = dict(line.split("=", 1) for line in record.read_text().splitlines() if "=" in line)
     assert {k: theirs.get(k) for k in env} == env, "the same environment"
     assert len(shows(site)) == 2, "after the wait"
@@ -228,7 +230,7 @@ def test_chains_to_a_site_prolog_that_fails_and_returns_its_code(site) -> None:
 def test_chain_runs_for_jobs_without_cloud_nodes_too(site) -> None:
     record = site.root / "chain.env"
     set_chain(site, site_prolog(site.root / "site-prolog", 0, record))
-    assert prolog.main([], job_env(site, "static1")) == EXIT_OK
+    assert prolog_cmd.main([], job_env(site, "static1")) == EXIT_OK
     assert record.exists() and site.scontrol_calls() == []
 
 
@@ -236,20 +238,20 @@ def test_chain_is_bounded_by_prolog_epilog_timeout(site) -> None:
     (site.root / "slurm.conf").write_text("ClusterName=testcluster\nPrologEpilogTimeout=1\n")
     set_chain(site, site_prolog(site.root / "site-prolog", 0, site.root / "chain.env", sleep=30))
     start = time.monotonic()
-    assert prolog.main([], job_env(site, "static1")) == EXIT_NODES_FAILED
+    assert prolog_cmd.main([], job_env(site, "static1")) == EXIT_NODES_FAILED
     assert time.monotonic() - start < 25, "killed, not waited for"
     assert "still running after 1s: killed" in site.log_text()
 
 
 def test_chain_to_the_prolog_itself_is_refused(site, capsys) -> None:
     set_chain(site, Path("/usr/local/bin") / PROG)
-    assert prolog.main([], job_env(site, "static1")) == EXIT_CONFIG
+    assert prolog_cmd.main([], job_env(site, "static1")) == EXIT_CONFIG
     assert "would run itself without end" in capsys.readouterr().err
 
 
 def test_chain_that_cannot_run_fails_the_job(site) -> None:
     set_chain(site, site.root / "no-such-prolog")
-    assert prolog.main([], job_env(site, "static1")) == EXIT_NODES_FAILED
+    assert prolog_cmd.main([], job_env(site, "static1")) == EXIT_NODES_FAILED
     assert "cannot be run" in site.log_text()
 
 
@@ -257,13 +259,13 @@ def test_chain_that_cannot_run_fails_the_job(site) -> None:
 
 
 def test_without_a_job_id_it_is_a_usage_error(site, capsys) -> None:
-    assert prolog.main([], site.env) == EXIT_USAGE
+    assert prolog_cmd.main([], site.env) == EXIT_USAGE
     assert "SLURM_JOB_ID is not set" in capsys.readouterr().err
 
 
 def test_a_configuration_error_fails_the_job(site) -> None:
     site.config.write_text(site.config.read_text() + "\n[bogus]\n")
-    assert prolog.main([], job_env(site, "static1")) == EXIT_CONFIG
+    assert prolog_cmd.main([], job_env(site, "static1")) == EXIT_CONFIG
     assert site.scontrol_calls() == []
 
 
@@ -320,7 +322,7 @@ def test_answers_help_and_version() -> None:
 
 def test_starts_fast_without_pyone(site) -> None:
     env = {**job_env(site, "static1"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    code = ("import sys; from slurm_nebula_power.cli import prolog_main; "
+    code = ("import sys; from slurm_nebula_power.cli.main import prolog_main; "
             "print(prolog_main([]), 'pyone' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert out.stdout.split() == ["0", "False"], out.stderr

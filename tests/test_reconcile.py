@@ -11,12 +11,12 @@ from opsupport import boot_node, ours, real_site, show
 from simfixtures import AUTH, fast_config, setup, sim
 from support import make_setup
 
-from slurm_nebula_power import reconcile
-from slurm_nebula_power.cli import build_context
+from slurm_nebula_power.cli import reconcile
+from slurm_nebula_power.cli.common import build_context
 from slurm_nebula_power.config import load_config
+from slurm_nebula_power.drift import reconcile as repair_drift
 from slurm_nebula_power.errors import EXIT_OK
 from slurm_nebula_power.locks import NodeLocks
-from slurm_nebula_power.status import slurm_states
 
 ETC = Path(__file__).resolve().parent.parent / "etc" / "systemd"
 NO_GRACE = "reconcile_grace = 0"
@@ -100,7 +100,7 @@ def test_newer_slurm_hands_back_with_down_and_resume_after(sim, site, capsys) ->
 
 
 def test_vm_pending_past_boot_timeout_is_terminated_and_node_handed_back(tmp_path, capsys) -> None:
-    from slurm_nebula_power.simulator import running_simulator
+    from opennebula_sim import running_simulator
 
     with running_simulator(fast_config(hosts=1, gpus=0), auth=AUTH) as sim:
         site = make_setup(tmp_path / "site", sim.endpoint, AUTH)
@@ -114,7 +114,7 @@ def test_vm_pending_past_boot_timeout_is_terminated_and_node_handed_back(tmp_pat
         def later() -> float:
             return time.time() + 3600  # an hour on: well past boot_timeout (20 s)
 
-        outcome = reconcile.reconcile(ctx, lambda: slurm_states(ctx.slurm), emit=lines.append, now=later)
+        outcome = repair_drift(ctx, ctx.slurm.show_all_nodes, emit=lines.append, now=later)
         assert outcome.done == ["gpu04"] and not outcome.failed
         assert sim.vm(stuck).state == DONE
     assert lines == [f"gpu04: node powering up, VM PENDING: no host with a free GPU; PENDING for longer than "

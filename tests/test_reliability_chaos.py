@@ -18,12 +18,12 @@ from pathlib import Path
 from reliability_support import SlurmModel, settle, site, violations
 from simfixtures import AUTH, fast_config
 
-from slurm_nebula_power import reconcile
-from slurm_nebula_power.cli import resume_fail_main, resume_main, suspend_main
+from opennebula_sim import running_simulator
+from opennebula_sim.config import Faults
+from slurm_nebula_power.cli import reconcile
+from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 from slurm_nebula_power.hostlists import fold
-from slurm_nebula_power.simulator import running_simulator
-from slurm_nebula_power.simulator.config import Faults
 
 SEED = int(os.environ.get("CHAOS_SEED", "20240607"))
 ROUNDS = int(os.environ.get("CHAOS_ROUNDS", "300"))

@@ -15,11 +15,11 @@ from opsupport import ours
 from reliability_support import SlurmModel, finish, gpu_holders, launch, live_ours, settle, site, violations
 from simfixtures import AUTH, fast_config
 
-from slurm_nebula_power import reconcile
-from slurm_nebula_power.cli import resume_fail_main, resume_main
+from opennebula_sim import running_simulator
+from opennebula_sim.config import Faults
+from slurm_nebula_power.cli import reconcile
+from slurm_nebula_power.cli.main import resume_fail_main, resume_main
 from slurm_nebula_power.errors import EXIT_OK
-from slurm_nebula_power.simulator import running_simulator
-from slurm_nebula_power.simulator.config import Faults
 
 SEED = 1207
 NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]

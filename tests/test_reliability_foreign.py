@@ -12,14 +12,15 @@ from opsupport import ours, show
 from reliability_support import CLUSTER, live_ours, recorded_calls, settle, site, vm_changes
 from simfixtures import AUTH, fast_config
 
-from slurm_nebula_power import reconcile
-from slurm_nebula_power.cli import build_context, resume_fail_main, resume_main, suspend_main
+from opennebula_sim import running_simulator
+from opennebula_sim import states as S
+from opennebula_sim.config import NetworkSpec
+from slurm_nebula_power.cli import reconcile
+from slurm_nebula_power.cli.common import build_context
+from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main
 from slurm_nebula_power.config import load_config
+from slurm_nebula_power.drift import reconcile as repair_drift
 from slurm_nebula_power.errors import EXIT_OK
-from slurm_nebula_power.simulator import running_simulator
-from slurm_nebula_power.simulator import states as S
-from slurm_nebula_power.simulator.config import NetworkSpec
-from slurm_nebula_power.status import slurm_states
 
 NODES = [f"gpu0{i}" for i in range(1, 9)]
 CPU_TEMPLATE = 1  # foreign VMs take CPU, not the GPUs our VMs need
@@ -84,7 +85,7 @@ def test_foreign_vms_in_every_state_are_never_acted_on(crowd, tmp_path) -> None:
         # An hour on, every foreign VM still starting is past boot_timeout: the stuck-boot rule must not bite.
         config = load_config(setup.config, env)
         ctx = build_context(config, env)
-        outcome = reconcile.reconcile(ctx, lambda: slurm_states(ctx.slurm), emit=lambda line: None,
+        outcome = repair_drift(ctx, ctx.slurm.show_all_nodes, emit=lambda line: None,
                                       now=lambda: time.time() + 3600)
         assert not outcome.failed
         assert resume_fail_main(["gpu[01-08]"], env) == EXIT_OK

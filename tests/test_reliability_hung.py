@@ -19,8 +19,8 @@ from simfixtures import AUTH, sim
 from support import make_setup
 from test_cli import HungEndpoint
 
-from slurm_nebula_power import reconcile
-from slurm_nebula_power.cli import resume_main
+from slurm_nebula_power.cli import reconcile
+from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK
 
 # One call may take 1 s, its retries 2 s; a boot 4 s; a power-down 4 s. A hung program must end well within

@@ -13,10 +13,10 @@ import pytest
 from reliability_support import finish, held, launch, live_ours, lock_is_held, settle, site
 from simfixtures import sim
 
-from slurm_nebula_power.cli import resume_main
+from opennebula_sim import states as S
+from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_OK
 from slurm_nebula_power.locks import NodeLocks
-from slurm_nebula_power.simulator import states as S
 
 BOOTING = (S.LCM_INIT, S.PROLOG, S.BOOT)
 NODES = ["gpu01", "gpu02"]

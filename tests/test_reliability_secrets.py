@@ -12,8 +12,8 @@ from opsupport import show
 from reliability_support import run_program, site
 from simfixtures import AUTH, sim
 
-from slurm_nebula_power import reconcile
-from slurm_nebula_power.cli import resume_fail_main, resume_main, suspend_main
+from slurm_nebula_power.cli import reconcile
+from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main
 
 PASSWORD = AUTH.split(":", 1)[1]
 

@@ -8,7 +8,7 @@ import pytest
 from simfixtures import AUTH, calls, setup, sim, vms_of
 from support import make_setup
 
-from slurm_nebula_power.cli import resume_main
+from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 
 RUNNING = (3, 3)
@@ -110,7 +110,7 @@ def test_job_ids_from_resume_file_23_02_form(sim, setup, tmp_path) -> None:
 def test_no_free_gpu_fails_fast_terminates_and_hands_back(tmp_path) -> None:
     from simfixtures import fast_config
 
-    from slurm_nebula_power.simulator import running_simulator
+    from opennebula_sim import running_simulator
 
     with running_simulator(fast_config(hosts=1, gpus=2), auth=AUTH) as sim:
         setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
@@ -173,7 +173,7 @@ def test_node_outside_every_nodeset_is_refused_the_rest_proceed(sim, setup) -> N
 def test_newer_slurm_hands_back_with_resume_after(tmp_path) -> None:
     from simfixtures import fast_config
 
-    from slurm_nebula_power.simulator import running_simulator
+    from opennebula_sim import running_simulator
 
     with running_simulator(fast_config(), auth=AUTH) as sim:
         setup = make_setup(tmp_path / "site", sim.endpoint, AUTH)

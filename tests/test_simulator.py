@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pyone
 import pytest
 
-from slurm_nebula_power.simulator import Durations, SimConfig, running_simulator
-from slurm_nebula_power.simulator.handle import Simulator
+from opennebula_sim import Durations, SimConfig, running_simulator
+from opennebula_sim.handle import Simulator
 
 FAST = SimConfig(durations=Durations(prolog=0, boot=0, shutdown=0, epilog=0))
 
@@ -311,7 +311,7 @@ def _post(conn, body: bytes):  # type: ignore[no-untyped-def]
 def test_a_kept_alive_connection_serves_calls_until_keepalive_max_conn(sim: Simulator) -> None:
     import http.client
 
-    from slurm_nebula_power.simulator.server import KEEPALIVE_MAX_CONN
+    from opennebula_sim.server import KEEPALIVE_MAX_CONN
 
     host, port = sim.server.address
     conn = http.client.HTTPConnection(host, port, timeout=5)

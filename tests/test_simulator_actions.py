@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pyone
 import pytest
 
-from slurm_nebula_power.simulator import Durations, HostSpec, NetworkSpec, SimConfig, running_simulator
-from slurm_nebula_power.simulator.config import default_pci
-from slurm_nebula_power.simulator.handle import Simulator
+from opennebula_sim import Durations, HostSpec, NetworkSpec, SimConfig, running_simulator
+from opennebula_sim.config import default_pci
+from opennebula_sim.handle import Simulator
 
 # Phases last a minute so a VM stays exactly where the action put it.
 FROZEN = SimConfig(

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pyone
 import pytest
 
-from slurm_nebula_power.simulator import Durations, SimConfig, default_hosts, running_simulator
-from slurm_nebula_power.simulator.handle import Simulator
+from opennebula_sim import Durations, SimConfig, default_hosts, running_simulator
+from opennebula_sim.handle import Simulator
 
 TWO_GPUS = SimConfig(hosts=default_hosts(count=1, gpus=2), durations=Durations(0, 0, 0, 0))
 
@@ -146,8 +146,8 @@ def test_ip_is_leased_at_allocation_and_released_at_done(sim: Simulator, one: py
 
 
 def test_a_large_range_starts_at_once_and_leases_lowest_free_first() -> None:
-    from slurm_nebula_power.simulator import NetworkSpec
-    from slurm_nebula_power.simulator.model import IpPool
+    from opennebula_sim import NetworkSpec
+    from opennebula_sim.model import IpPool
 
     start = time.monotonic()
     pool = IpPool(NetworkSpec(cidr="127.64.0.0/10"))
@@ -162,8 +162,8 @@ def test_a_large_range_starts_at_once_and_leases_lowest_free_first() -> None:
 
 
 def test_an_exhausted_range_leases_nothing_until_an_address_comes_back() -> None:
-    from slurm_nebula_power.simulator import NetworkSpec
-    from slurm_nebula_power.simulator.model import IpPool
+    from opennebula_sim import NetworkSpec
+    from opennebula_sim.model import IpPool
 
     pool = IpPool(NetworkSpec(cidr="127.0.9.0/30"))  # two usable addresses: .1 and .2
     assert [pool.lease(1), pool.lease(2), pool.lease(3)] == ["127.0.9.1", "127.0.9.2", None]

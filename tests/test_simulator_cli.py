@@ -10,9 +10,9 @@ from pathlib import Path
 import pyone
 import pytest
 
-from slurm_nebula_power.simulator.cli import main
+from opennebula_sim.cli import main
 
-COMMAND = [sys.executable, "-m", "slurm_nebula_power.simulator"]
+COMMAND = [sys.executable, "-m", "opennebula_sim"]
 
 
 def _start(*args: str) -> subprocess.Popen[str]:

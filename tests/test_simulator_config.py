@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_nebula_power.errors import ConfigError
-from slurm_nebula_power.simulator import SimConfig, load_sim_config
-from slurm_nebula_power.simulator.templates import (
+from opennebula_sim import SimConfig, load_sim_config
+from opennebula_sim.config import ConfigError
+from opennebula_sim.templates import (
     TemplateSyntaxError,
     merge,
     parse_template,

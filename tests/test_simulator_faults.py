@@ -11,8 +11,8 @@ import pyone
 import pytest
 import requests
 
-from slurm_nebula_power.simulator import Durations, Faults, NetworkSpec, SimConfig, running_simulator
-from slurm_nebula_power.simulator.handle import Simulator
+from opennebula_sim import Durations, Faults, NetworkSpec, SimConfig, running_simulator
+from opennebula_sim.handle import Simulator
 
 FAST = SimConfig(durations=Durations(0, 0, 0, 0), network=NetworkSpec(cidr="127.3.0.0/16"))
 
@@ -183,7 +183,7 @@ def test_slow_calls_overlap(sim: Simulator) -> None:
 
 
 def test_fault_settings_are_validated(sim: Simulator) -> None:
-    from slurm_nebula_power.errors import ConfigError
+    from opennebula_sim.config import ConfigError
 
     with pytest.raises(ConfigError, match="transient_rate"):
         sim.set_faults(transient_rate=2.0)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyone
 import pytest
 
-from slurm_nebula_power.simulator import Durations, SimConfig, running_simulator
-from slurm_nebula_power.simulator.cloud import HookEvent
-from slurm_nebula_power.simulator.hooks import context_file_text
+from opennebula_sim import Durations, SimConfig, running_simulator
+from opennebula_sim.cloud import HookEvent
+from opennebula_sim.hooks import context_file_text
 
 # A hook that records its argv, the ONE_VM_* environment and the sourced CONTEXT file as JSON lines.
 RECORDER = """
@@ -71,7 +71,7 @@ def test_on_stopped_fires_when_a_vm_leaves_running(tmp_path: Path, action: str, 
 
 def test_failing_hook_is_logged_not_fatal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = SimConfig(durations=Durations(0, 0, 0, 0), on_running=(sys.executable, "-c", "raise SystemExit(3)"))
-    with caplog.at_level(logging.WARNING, logger="slurm_nebula_power.simulator.hooks"):
+    with caplog.at_level(logging.WARNING, logger="opennebula_sim.hooks"):
         with running_simulator(cfg) as sim:
             one = pyone.OneServer(sim.endpoint, session=sim.auth)
             vm_id = one.template.instantiate(1, "x", False, "", False)
@@ -82,7 +82,7 @@ def test_failing_hook_is_logged_not_fatal(tmp_path: Path, caplog: pytest.LogCapt
 
 def test_missing_hook_program_is_logged_not_fatal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = SimConfig(durations=Durations(0, 0, 0, 0), on_running=(str(tmp_path / "nope"),))
-    with caplog.at_level(logging.ERROR, logger="slurm_nebula_power.simulator.hooks"):
+    with caplog.at_level(logging.ERROR, logger="opennebula_sim.hooks"):
         with running_simulator(cfg) as sim:
             one = pyone.OneServer(sim.endpoint, session=sim.auth)
             one.template.instantiate(1, "x", False, "", False)

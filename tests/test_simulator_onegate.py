@@ -15,11 +15,11 @@ import pytest
 from simfixtures import AUTH, setup, sim, vms_of
 from support import make_setup
 
-from slurm_nebula_power.cli import resume_main
+from opennebula_sim import Durations, SimConfig, running_simulator
+from opennebula_sim.cloud import HookEvent
+from opennebula_sim.hooks import context_file_text
+from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
-from slurm_nebula_power.simulator import Durations, SimConfig, running_simulator
-from slurm_nebula_power.simulator.cloud import HookEvent
-from slurm_nebula_power.simulator.hooks import context_file_text
 
 
 def _running(sim, one, template_id: int = 0, name: str = "gpu01", extra: str = "") -> int:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyone
 import pytest
 
-from slurm_nebula_power.simulator import Durations, SimConfig, running_simulator
-from slurm_nebula_power.simulator.handle import Simulator
+from opennebula_sim import Durations, SimConfig, running_simulator
+from opennebula_sim.handle import Simulator
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "opennebula-xml"
 needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"reference documents not at {REFERENCE}")

@@ -9,9 +9,10 @@ import pytest
 from simfixtures import AUTH, setup, sim
 from support import make_setup
 
-from slurm_nebula_power import slurmconf
+from slurm_nebula_power.cli import slurm_conf as slurmconf
 from slurm_nebula_power.errors import EXIT_OK
-from slurm_nebula_power.slurmconf import gres_gpus, node_cpus, pci_gpus, read_slurm_conf, template_shape
+from slurm_nebula_power.shapes import pci_gpus, template_shape
+from slurm_nebula_power.slurmconf import gres_gpus, node_cpus, read_slurm_conf
 
 GPU_SETS = """\
 [[nodeset]]

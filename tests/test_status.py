@@ -9,9 +9,10 @@ from opsupport import boot_node, ours, real_site, show
 from simfixtures import AUTH, fast_config, setup, sim
 from support import make_setup
 
-from slurm_nebula_power import status
-from slurm_nebula_power.cloud import Vm
+from slurm_nebula_power import drift, statustable
+from slurm_nebula_power.cli import status
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
+from slurm_nebula_power.model import Vm
 from slurm_nebula_power.slurm import NodeState
 
 ORPHAN = "VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"
@@ -74,7 +75,7 @@ def test_vm_running_while_node_powered_down_is_a_problem(sim, setup, capsys) -> 
 
 
 def test_node_powering_up_with_vm_pending_for_lack_of_a_gpu(tmp_path, capsys) -> None:
-    from slurm_nebula_power.simulator import running_simulator
+    from opennebula_sim import running_simulator
 
     with running_simulator(fast_config(hosts=1, gpus=0), auth=AUTH) as sim:
         site = make_setup(tmp_path / "site", sim.endpoint, AUTH)
@@ -181,7 +182,7 @@ def test_unreachable_endpoint_exits_4(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(None, "-"), (0, "0s"), (59, "59s"), (61, "1m01s"),
                                                (7260, "2h01m"), (90000, "1d01h")])
 def test_age(seconds, text: str) -> None:
-    assert status.age(seconds) == text
+    assert statustable.age(seconds) == text
 
 
 @pytest.mark.parametrize(("state", "where"), [
@@ -192,7 +193,7 @@ def test_age(seconds, text: str) -> None:
     ("DOWN+CLOUD", "other"), ("FUTURE+CLOUD", "other"),
 ])
 def test_phase(state: str, where: str) -> None:
-    assert status.phase(NodeState("n", state)) == where
+    assert NodeState("n", state).phase == where
 
 
 def test_diagnose_respects_grace_by_vm_age() -> None:
@@ -200,9 +201,9 @@ def test_diagnose_respects_grace_by_vm_age() -> None:
 
     vm = Vm(id=1, name="n1", state=3, lcm_state=3, stime=1000)
     off = NodeState("n1", "IDLE+CLOUD+POWERED_DOWN")
-    view = status.NodeView("n1", NodeSet("n1", ("n1",), "t"), off, [vm])
-    assert status.diagnose(view, now=1100, grace=300).repair is None
-    late = status.diagnose(view, now=1400, grace=300)
+    view = drift.NodeView("n1", NodeSet("n1", ("n1",), "t"), off, [vm])
+    assert drift.diagnose(view, now=1100, grace=300).repair is None
+    late = drift.diagnose(view, now=1400, grace=300)
     assert late.repair is not None and late.repair.terminate == (vm,) and not late.repair.hand_back
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyone
 from simfixtures import AUTH, calls, setup, sim, vms_of
 
-from slurm_nebula_power.cli import resume_fail_main, resume_main, suspend_main
+from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_OK
 
 

@@ -10,11 +10,12 @@ import pytest
 from simfixtures import AUTH
 from support import make_setup
 
-from slurm_nebula_power import slurmconf, template
-from slurm_nebula_power.cli import power_main
+from opennebula_sim import Durations, SimConfig, TemplateSpec, default_hosts, running_simulator
+from opennebula_sim.templates import parse_template, vectors
+from slurm_nebula_power import shapes, template
+from slurm_nebula_power.cli import template as template_cmd
+from slurm_nebula_power.cli.main import power_main
 from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
-from slurm_nebula_power.simulator import Durations, SimConfig, TemplateSpec, default_hosts, running_simulator
-from slurm_nebula_power.simulator.templates import parse_template, vectors
 
 SCRIPT = Path(template.__file__).parent / "worker" / "slurm-nebula-worker.sh"
 KEY = bytes(range(128))
@@ -60,7 +61,7 @@ def site(tmp_path: Path, sets: str, key: bytes = KEY):
 
 
 def run(capsys, setup, *args: str) -> tuple[int, str, str]:
-    code = template.main(list(args), setup.env)
+    code = template_cmd.main(list(args), setup.env)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -168,8 +169,8 @@ def test_slurm_conf_enables_configless_for_worker_node_sets(tmp_path, capsys) ->
     from slurm_nebula_power.config import load_config
 
     config = load_config(setup.config, setup.env)
-    shape = slurmconf.Shape(16, 131072, 2, "test")
-    lines = slurmconf.generate(config, [(config.nodesets[0], shape)], (22, 5))
+    shape = shapes.Shape(16, 131072, 2, "test")
+    lines = shapes.generate(config, [(config.nodesets[0], shape)], (22, 5))
     assert "SlurmctldParameters=idle_on_node_suspend,enable_configless" in lines
 
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from slurmharness import SlurmCluster, stop_pid
 
+from opennebula_sim import Durations, SimConfig, Simulator, TemplateSpec, running_simulator
+from opennebula_sim.config import default_hosts
 from slurm_nebula_power.config import load_config
-from slurm_nebula_power.simulator import Durations, SimConfig, Simulator, TemplateSpec, running_simulator
-from slurm_nebula_power.simulator.config import default_hosts
-from slurm_nebula_power.slurmconf import program_path
+from slurm_nebula_power.shapes import program_path
 from slurm_nebula_power.template import pick_nodeset, render
 
 pytestmark = pytest.mark.slurm

@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_nebula_power.errors import ConfigError
-from slurm_nebula_power.simulator.templates import TemplateSyntaxError, parse_template
+from opennebula_sim.templates import TemplateSyntaxError, parse_template
+
+
+class ConfigError(ValueError):
+    """A simulator configuration that cannot be used; the message names the file and the key."""
 
 GPU_VENDOR, GPU_DEVICE, GPU_CLASS = "10de", "2330", "0302"
 NIC_VENDOR, NIC_DEVICE, NIC_CLASS = "15b3", "101d", "0200"

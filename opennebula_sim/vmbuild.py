@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from slurm_nebula_power.simulator.model import IpPool, PciSlot, mac_for
-from slurm_nebula_power.simulator.templates import Template, Value, first, merge, split_vm_template, vectors
+from opennebula_sim.model import IpPool, PciSlot, mac_for
+from opennebula_sim.templates import Template, Value, first, merge, split_vm_template, vectors
 
 _VAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z0-9_]+)(?:,[^\]]*)?\])?")
 _PCI_ASSIGNED = ("ADDRESS", "BUS", "DOMAIN", "FUNCTION", "NUMA_NODE", "PCI_ID", "SHORT_ADDRESS", "SLOT")

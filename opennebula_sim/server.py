@@ -15,8 +15,8 @@ import xmlrpc.client
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from slurm_nebula_power.simulator.cloud import Cloud
-from slurm_nebula_power.simulator.rpc import Api
+from opennebula_sim.cloud import Cloud
+from opennebula_sim.rpc import Api
 
 log = logging.getLogger(__name__)
 

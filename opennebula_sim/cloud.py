@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slurm_nebula_power.simulator import states as S
-from slurm_nebula_power.simulator.config import Durations, Faults, SimConfig
-from slurm_nebula_power.simulator.model import History, Host, IpPool, PciSlot, Vm
-from slurm_nebula_power.simulator.states import OneError
-from slurm_nebula_power.simulator.templates import Template, merge, parse_template, vectors
-from slurm_nebula_power.simulator.vmbuild import (
+from opennebula_sim import states as S
+from opennebula_sim.config import Durations, Faults, SimConfig
+from opennebula_sim.model import History, Host, IpPool, PciSlot, Vm
+from opennebula_sim.states import OneError
+from opennebula_sim.templates import Template, merge, parse_template, vectors
+from opennebula_sim.vmbuild import (
     BuildError,
     assign_pci,
     build_vm_templates,

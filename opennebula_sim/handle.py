@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from slurm_nebula_power.simulator import states as S
-from slurm_nebula_power.simulator.cloud import Cloud
-from slurm_nebula_power.simulator.config import SimConfig
-from slurm_nebula_power.simulator.hooks import HookRunner
-from slurm_nebula_power.simulator.model import Lock, Vm
-from slurm_nebula_power.simulator.rpc import Api
-from slurm_nebula_power.simulator.server import RpcServer
-from slurm_nebula_power.simulator.templates import Template, to_plain
+from opennebula_sim import states as S
+from opennebula_sim.cloud import Cloud
+from opennebula_sim.config import SimConfig
+from opennebula_sim.hooks import HookRunner
+from opennebula_sim.model import Lock, Vm
+from opennebula_sim.rpc import Api
+from opennebula_sim.server import RpcServer
+from opennebula_sim.templates import Template, to_plain
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slurm_nebula_power.simulator import states as S
-from slurm_nebula_power.simulator.cloud import Cloud, User
-from slurm_nebula_power.simulator.model import Vm
-from slurm_nebula_power.simulator.states import OneError
+from opennebula_sim import states as S
+from opennebula_sim.cloud import Cloud, User
+from opennebula_sim.model import Vm
+from opennebula_sim.states import OneError
 
 # LifeCycleManager::recover(failure): where a VM in a transient state goes when the operation failed.
 _FAIL_TO = {

@@ -4,7 +4,7 @@
         server = pyone.OneServer(sim.endpoint, session=sim.auth)
 """
 
-from slurm_nebula_power.simulator.config import (
+from opennebula_sim.config import (
     Durations,
     Faults,
     HostSpec,
@@ -16,7 +16,7 @@ from slurm_nebula_power.simulator.config import (
     default_templates,
     load_sim_config,
 )
-from slurm_nebula_power.simulator.handle import HostSnapshot, Simulator, VmSnapshot, running_simulator
+from opennebula_sim.handle import HostSnapshot, Simulator, VmSnapshot, running_simulator
 
 __all__ = [
     "Durations",

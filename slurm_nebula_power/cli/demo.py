@@ -18,7 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_NODES_FAILED, EXIT_OK, PowerError
+from opennebula_sim import Durations, SimConfig, default_hosts, running_simulator
+
+from .. import __version__
+from ..config import load_config
+from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError
+from ..hostlists import expand
+from ..resume import resume
+from ..slurm import PrintedSlurm
+from ..statustable import render, table_rows
+from ..suspend import power_down
+from .common import build_context, parse, report_error, setup_logging
 
 NODES = "gpu[01-04]"
 TEMPLATE = "slurm-gpu-worker"
@@ -96,14 +106,6 @@ def write_config(root: Path, endpoint: str, auth: str) -> Path:
 
 def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[str, str]) -> int:
     """The demo itself, in root; returns the exit code."""
-    from .cli import build_context, setup_logging
-    from .config import load_config
-    from .hostlists import expand
-    from .power import power_down, resume
-    from .simulator import Durations, SimConfig, default_hosts, running_simulator
-    from .slurm import PrintedSlurm
-    from .status import render, table_rows
-
     start = time.monotonic()
     nodes = expand(NODES)
     auth = f"oneadmin:{secrets.token_urlsafe(12)}"
@@ -116,10 +118,9 @@ def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[
         config = load_config(path, {})
         setup_logging("slurm-nebula-power demo", config)
         progress = Progress(emit)
-        ctx = build_context(config, environ, slurm=PrintedSlurm(emit=lambda line: emit(f"   {line}")))
-        ctx.on_vm = progress
-        ctx.poll_first = 0.05
-        version = ctx.cloud.version()  # type: ignore[attr-defined]
+        ctx = build_context(config, environ, slurm=PrintedSlurm(emit=lambda line: emit(f"   {line}")),
+                            on_vm=progress, poll_first=0.05)
+        version = ctx.cloud.version()
         emit(f"1. OpenNebula simulator at {sim.endpoint} (oned {version}): {gpus(sim)}")
         emit(f"2. configuration {path} (auth file {config.opennebula.auth_file.name}, mode 0600):")
         emit(textwrap.indent(path.read_text(encoding="utf-8").rstrip(), "   | ", lambda line: True))
@@ -148,9 +149,6 @@ def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """slurm-nebula-power demo: resume and suspend gpu[01-04] on the embedded simulator, no Slurm needed."""
-    from . import __version__
-    from .cli import parse
-
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="slurm-nebula-power demo", description=(
         f"Start the embedded OpenNebula simulator, write a temporary configuration, resume {NODES} showing "
@@ -173,7 +171,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         return run(root, args.phase_seconds, lambda line: print(line, flush=True), env)
     except PowerError as exc:
-        print(f"slurm-nebula-power demo: error: {exc}", file=sys.stderr)
+        report_error("slurm-nebula-power demo", str(exc), quiet=True)
         return exc.exit_code
     finally:
         if args.keep:

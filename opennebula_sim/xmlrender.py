@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from slurm_nebula_power.simulator.config import TemplateSpec
-from slurm_nebula_power.simulator.model import History, Host, Vm
-from slurm_nebula_power.simulator.templates import Template
+from opennebula_sim.config import TemplateSpec
+from opennebula_sim.model import History, Host, Vm
+from opennebula_sim.templates import Template
 
 _VM_PERMISSIONS = (
     "<PERMISSIONS><OWNER_U>1</OWNER_U><OWNER_M>1</OWNER_M><OWNER_A>0</OWNER_A><GROUP_U>0</GROUP_U>"

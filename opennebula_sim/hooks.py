@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurm_nebula_power.simulator.cloud import HookEvent
+from opennebula_sim.cloud import HookEvent
 
 log = logging.getLogger(__name__)
 

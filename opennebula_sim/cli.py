@@ -12,9 +12,10 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_OK, EXIT_USAGE, ConfigError
-from slurm_nebula_power.simulator.config import SimConfig, load_sim_config
-from slurm_nebula_power.simulator.handle import Simulator
+from opennebula_sim.config import ConfigError, SimConfig, load_sim_config
+from opennebula_sim.handle import Simulator
+
+EXIT_OK, EXIT_USAGE, EXIT_CONFIG = 0, 2, 3  # as slurm-nebula-power's programs
 
 log = logging.getLogger(__name__)
 

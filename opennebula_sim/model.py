@@ -6,8 +6,8 @@ import heapq
 import ipaddress
 from dataclasses import dataclass, field
 
-from slurm_nebula_power.simulator.config import HostSpec, NetworkSpec, PciDevice
-from slurm_nebula_power.simulator.templates import Template
+from opennebula_sim.config import HostSpec, NetworkSpec, PciDevice
+from opennebula_sim.templates import Template
 
 
 @dataclass

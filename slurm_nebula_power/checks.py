@@ -3,41 +3,33 @@
 from __future__ import annotations
 
 import grp
-import json
-import logging
 import math
 import os
 import pwd
 import re
-import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .errors import EXIT_NODES_FAILED, EXIT_OK, CloudAuthError, CloudError, ConfigError, PowerError
+from .config import Config, NodeSet, find_config, load_config
+from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
 from .hostlists import fold
-from .slurmconf import (
+from .operation import Cloud
+from .prolog import MARGIN
+from .shapes import (
     MEMORY_RATIO,
     PROGRAMS,
     PROLOG,
     RESUME_MARGIN,
     SUSPEND_MARGIN,
     Shape,
-    SlurmConf,
-    gres_gpus,
-    node_cpus,
     program_path,
     read_shapes,
-    read_slurm_conf,
     real_memory,
-    slurm_version,
 )
-
-if TYPE_CHECKING:
-    from .config import Config, NodeSet
-    from .power import Cloud
+from .slurm import find_scontrol, slurm_version
+from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 MEMORY_TIGHT = 0.97  # RealMemory above this share of MEMORY is likely above what the guest reports
@@ -146,22 +138,19 @@ def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None
 # ---- OpenNebula ---------------------------------------------------------------------------------------
 
 
-def check_cloud(report: Report, config: Config) -> Cloud | None:
+def check_cloud(report: Report, config: Config, cloud: Cloud) -> Cloud | None:
     """Endpoint reachable, credentials accepted, VMs listable, oned version; the cloud when usable."""
-    from .cloud import OneCloud
-
     one = config.opennebula
     subject = f"OpenNebula {one.endpoint}"
-    cloud = OneCloud(one, retry_seconds=0)
     try:
         version = cloud.version()
         cloud.cluster_vms(config.slurm.cluster)
     except CloudAuthError as exc:
-        report.problem(subject, f"user {one.user} refused: {_first(exc)}",
+        report.problem(subject, f"user {one.user} refused: {first_line(exc)}",
                        f"put valid credentials (user:password or user:token) in {one.auth_file}")
         return None
     except CloudError as exc:
-        report.problem(subject, f"unreachable: {_first(exc)}",
+        report.problem(subject, f"unreachable: {first_line(exc)}",
                        "check [opennebula] endpoint, that oned runs, and the firewall")
         return None
     major = re.match(r"(\d+)", version)
@@ -171,10 +160,6 @@ def check_cloud(report: Report, config: Config) -> Cloud | None:
     else:
         report.ok(subject, f"oned {version}, user {one.user}, VM pool readable")
     return cloud
-
-
-def _first(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def check_templates(report: Report, config: Config, cloud: Cloud, conf: SlurmConf | None) -> None:
@@ -300,8 +285,6 @@ def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | N
 def check_prolog(report: Report, config: Config, conf: SlurmConf) -> None:
     """PrologSlurmctld is slurm-nebula-prolog (else jobs wait for slurmctld's 30 s check), executable, not cut
     short by PrologEpilogTimeout; [slurm] prolog_chain is executable and not the prolog itself."""
-    from .prolog import MARGIN
-
     subject, prolog = "slurm.conf PrologSlurmctld", conf.params.get("prologslurmctld", "")
     expected = program_path(PROLOG)[0]
     if os.path.basename(prolog) != PROLOG:
@@ -335,11 +318,10 @@ def check_prolog(report: Report, config: Config, conf: SlurmConf) -> None:
 # ---- the run ------------------------------------------------------------------------------------------
 
 
-def run_checks(config_arg: str | None, environ: Mapping[str, str]) -> Report:
-    """Every check, in order; later checks are skipped only when what they need is missing."""
-    from .config import find_config, load_config
-    from .slurm import find_scontrol
+def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: Callable[[Config], Cloud]) -> Report:
+    """Every check, in order; later checks are skipped only when what they need is missing.
 
+    open_cloud makes the OpenNebula client (without retries: check reports, it does not insist)."""
     report = Report()
     try:
         config = load_config(find_config(config_arg, environ), environ)
@@ -365,7 +347,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str]) -> Report:
         report.ok("scontrol", str(find_scontrol(config, environ)))
     except PowerError as exc:
         report.problem("scontrol", str(exc), "install Slurm's client commands or set [slurm] scontrol")
-    cloud = check_cloud(report, config)
+    cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:
         check_templates(report, config, cloud, conf)
     if conf is not None:
@@ -375,32 +357,3 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str]) -> Report:
         check_prolog(report, config, conf)
     check_poweroff(report, config)
     return report
-
-
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """slurm-nebula-power check: find now what would fail later."""
-    from .cli import make_parser, parse, setup_logging
-
-    prog = "slurm-nebula-power check"
-    env = os.environ if environ is None else environ
-    parser = make_parser(prog, "Check the configuration, the auth file (readable by SlurmUser, not others), "
-                     "the OpenNebula endpoint, every node set's template against slurm.conf, the node sets "
-                     "against slurm.conf's CLOUD nodes, and the power-saving timeouts and programs.")
-    parser.epilog = "exit: 0 nothing wrong (warnings allowed), 1 some problem found, 2 usage"
-    parser.add_argument("--json", action="store_true", help="print the findings as a JSON list")
-    parser.add_argument("--quiet", "-q", action="store_true", help="print warnings and problems only")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    setup_logging(prog, None)
-    logging.getLogger("slurm_nebula_power").setLevel(logging.ERROR)
-    report = run_checks(args.config, env)
-    shown = [f for f in report.findings if not (args.quiet and f.level == OK)]
-    if args.json:
-        print(json.dumps([asdict(f) for f in shown], indent=2))
-    else:
-        for finding in shown:
-            print(finding.line())
-        warnings = sum(f.level == WARNING for f in report.findings)
-        print(f"{len(report.problems)} problem(s), {warnings} warning(s)", file=sys.stderr)
-    return EXIT_NODES_FAILED if report.problems else EXIT_OK

@@ -8,13 +8,13 @@ import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
 
-from slurm_nebula_power.simulator import states as S
-from slurm_nebula_power.simulator.actions import quota_message, vm_action, vm_recover
-from slurm_nebula_power.simulator.cloud import ONEADMIN, Cloud, User
-from slurm_nebula_power.simulator.model import Vm
-from slurm_nebula_power.simulator.states import OneError
-from slurm_nebula_power.simulator.templates import TemplateSyntaxError, parse_template
-from slurm_nebula_power.simulator.xmlrender import VmXmlCache, host_xml, vmtemplate_xml
+from opennebula_sim import states as S
+from opennebula_sim.actions import quota_message, vm_action, vm_recover
+from opennebula_sim.cloud import ONEADMIN, Cloud, User
+from opennebula_sim.model import Vm
+from opennebula_sim.states import OneError
+from opennebula_sim.templates import TemplateSyntaxError, parse_template
+from opennebula_sim.xmlrender import VmXmlCache, host_xml, vmtemplate_xml
 
 # xmlrpc-c's fault codes: no such method, and parameters of the wrong type or number.
 FAULT_NO_METHOD, FAULT_TYPE = -506, -501

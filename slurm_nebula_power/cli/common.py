@@ -1,0 +1,118 @@
+"""What every command shares: process hygiene, logging, the one error line, argument parsing, wiring."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import syslog
+from collections.abc import Mapping, Sequence
+
+from .. import __version__
+from ..config import Config, find_config, load_config
+from ..errors import EXIT_USAGE, ConfigError
+from ..operation import Cloud, Context
+from ..slurm import SlurmControl, scontrol_for
+
+log = logging.getLogger("slurm_nebula_power")
+LOG_FORMAT = "%(asctime)s %(prog)s[%(process)d] %(levelname)s %(message)s"
+
+
+def process_hygiene() -> None:
+    """slurmctld starts us with fds 0-2 closed and signals blocked: reopen and unblock first thing."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # fd 1 lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signal.valid_signals())
+
+
+def setup_logging(prog: str, config: Config | None, stream_too: bool = False) -> None:
+    """Log to the configured file (or stderr), with the program name and pid on every line."""
+    root = logging.getLogger("slurm_nebula_power")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    handlers: list[logging.Handler] = []
+    if config is not None and config.log.file is not None:
+        try:
+            config.log.file.parent.mkdir(parents=True, exist_ok=True)
+            handlers.append(logging.FileHandler(config.log.file, encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{config.path}: log.file: cannot write {config.log.file}: {exc.strerror}; "
+                              "make its directory writable by SlurmUser or change log.file") from None
+    if not handlers or stream_too:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, defaults={"prog": prog}))
+        root.addHandler(handler)
+    root.setLevel((config.log.level if config else "info").upper())
+
+
+def quiet_logging(prog: str, level: int) -> None:
+    """For the operator commands that never write the log: stderr only, from this level up."""
+    setup_logging(prog, None)
+    logging.getLogger("slurm_nebula_power").setLevel(level)
+
+
+def report_error(prog: str, message: str, quiet: bool = False) -> None:
+    """The one line of a fatal error: stderr, and (unless quiet) the log if it is set up, and syslog
+    (slurmctld may discard stdout and stderr). Commands that never write the log pass quiet."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    if quiet:
+        return
+    if logging.getLogger("slurm_nebula_power").handlers:
+        log.error("%s", message)
+    try:
+        syslog.openlog(prog, syslog.LOG_PID)
+        syslog.syslog(syslog.LOG_ERR, message)
+    except OSError:
+        pass
+
+
+def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every program shares (--version, --config)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--config", metavar="PATH", help="configuration file (default: $SLURM_NEBULA_POWER_CONFIG, "
+                        "nebula-power.toml beside $SLURM_CONF, /etc/slurm/nebula-power.toml)")
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """Parse argv; on --help/--version/usage errors return the exit code instead of exiting."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def load(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
+    """Find and load the configuration."""
+    return load_config(find_config(args.config, environ), environ)
+
+
+def open_cloud(config: Config, retry_seconds: float | None = None) -> Cloud:
+    """The real OpenNebula client."""
+    # Imported here, not at the top: pyone costs ~0.13 s to import, and --help, --version and the prolog
+    # (which never talks to OpenNebula) must not pay it.
+    from ..cloud import OneCloud
+
+    return OneCloud(config.opennebula, retry_seconds=retry_seconds)
+
+
+def build_context(config: Config, environ: Mapping[str, str], slurm: SlurmControl | None = None,
+                  **options: object) -> Context:
+    """Wire the real cloud and Slurm (or the given one) into an operation Context."""
+    control = scontrol_for(config, environ) if slurm is None else slurm
+    return Context(config=config, cloud=open_cloud(config), slurm=control, **options)  # type: ignore[arg-type]

@@ -1,0 +1,76 @@
+"""Entry points: the console scripts, and `slurm-nebula-power COMMAND` dispatching to the commands."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+from .. import __version__
+from ..errors import EXIT_OK, EXIT_USAGE
+from . import check, prolog, reconcile, slurm_conf, status, template
+from .common import process_hygiene
+from .power import resume_fail_main, resume_main, suspend_main
+
+
+def _simulator(argv: list[str]) -> int:
+    from opennebula_sim.cli import main  # only this command and demo load the simulator
+
+    return main(argv)
+
+
+def _demo(argv: list[str]) -> int:
+    from . import demo  # it loads the simulator
+
+    return demo.main(argv)
+
+
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "simulator": (_simulator, "run the OpenNebula simulator (XML-RPC over HTTP)"),
+    "demo": (_demo, "resume and suspend gpu[01-04] on the embedded simulator, no Slurm"),
+    "status": (status.main, "per node: Slurm state, VM, IP, host, age and what is wrong"),
+    "check": (check.main, "find configuration, credential, template and slurm.conf problems"),
+    "reconcile": (reconcile.main, "repair drift: orphan VMs, vanished VMs, stuck boots"),
+    "slurm-conf": (slurm_conf.main, "print slurm.conf lines derived from the templates"),
+    "template": (template.main, "print a node set's VM template for onetemplate create"),
+    "prolog-wait": (prolog.main, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
+}
+
+
+def power_main(argv: Sequence[str] | None = None) -> int:
+    """The operator command: dispatch to a subcommand."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    width = max(len(name) for name in COMMANDS)
+    usage = "usage: slurm-nebula-power [--version] COMMAND [ARGS...]\n\ncommands:\n" + "".join(
+        f"  {name:<{width}}  {text}\n" for name, (_, text) in COMMANDS.items()) + \
+        "\nRun 'slurm-nebula-power COMMAND --help' for a command's options."
+    if not args or args[0] in ("-h", "--help"):
+        print(usage)
+        return EXIT_OK if args else EXIT_USAGE
+    if args[0] == "--version":
+        print(f"slurm-nebula-power {__version__}")
+        return EXIT_OK
+    if args[0] not in COMMANDS:
+        print(f"slurm-nebula-power: error: unknown command {args[0]!r}; one of: {', '.join(COMMANDS)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    return COMMANDS[args[0]][0](args[1:])
+
+
+def prolog_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """PrologSlurmctld: return once the job's cloud nodes are up, so it starts without Slurm's 30 s wait."""
+    return prolog.main(argv, environ)
+
+
+def _entry(main: Callable[[], int]) -> Callable[[], None]:
+    def entry() -> None:
+        process_hygiene()
+        sys.exit(main())
+
+    return entry
+
+
+resume_entry = _entry(resume_main)
+suspend_entry = _entry(suspend_main)
+resume_fail_entry = _entry(resume_fail_main)
+prolog_entry = _entry(prolog_main)
+power_entry = _entry(power_main)

@@ -1,0 +1,113 @@
+"""The three power-saving programs slurmctld runs: slurm-nebula-resume, -suspend and -resume-fail."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from ..config import Config
+from ..errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, PowerError
+from ..hostlists import expand, fold
+from ..locks import NodeLocks
+from ..operation import Context, Outcome
+from ..resume import resume
+from ..slurm import jobs_from_resume_file
+from ..suspend import power_down
+from .common import build_context, load, make_parser, parse, report_error, setup_logging
+
+log = logging.getLogger(__name__)
+
+Operation = Callable[[Context, list[str], dict[str, list[int]]], Outcome]
+
+
+def _power_program(prog: str, description: str, operation: Operation, argv: Sequence[str] | None,
+                   environ: Mapping[str, str] | None, detachable: bool = False) -> int:
+    env = os.environ if environ is None else environ
+    parser = make_parser(prog, description)
+    parser.add_argument("hostlist", help="Slurm hostlist expression, e.g. gpu[01-04]")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    jobs = jobs_from_resume_file(env) if detachable else {}  # the memfd vanishes when we exit: read it first
+    try:
+        config = load(args, env)
+        setup_logging(prog, config)
+        nodes = expand(args.hostlist)
+    except PowerError as exc:
+        report_error(prog, str(exc))
+        return exc.exit_code
+    if detachable and config.power.detach and _detach():
+        log.info("detached: %s continues in the background", args.hostlist)
+        return EXIT_OK
+    return _run_locked(prog, config, env, nodes, jobs, operation, args.hostlist)
+
+
+def _detach() -> bool:
+    """Fork; True in the parent (which returns to slurmctld), False in the detached child."""
+    if os.fork() > 0:
+        return True
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    return False
+
+
+def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: list[str],
+                jobs: dict[str, list[int]], operation: Operation, expression: str) -> int:
+    start = time.monotonic()
+    wait = max(ns.boot_timeout for ns in config.nodesets) + config.power.suspend_timeout
+    try:
+        context = build_context(config, environ)
+        with NodeLocks(config.power.lock_dir, nodes, wait) as locks:
+            if locks.busy:
+                log.error("%s: still locked by another run after %.0fs, left to it", fold(locks.busy), wait)
+            outcome = operation(context, [n for n in nodes if n in locks.held], jobs)
+            for node in locks.busy:
+                outcome.fail(node, "busy: another run holds its lock")
+    except PowerError as exc:
+        report_error(prog, str(exc))
+        return exc.exit_code
+    except Exception:
+        log.exception("%s %s: internal error", prog, expression)
+        return EXIT_INTERNAL
+    stats = context.cloud.stats  # type: ignore[attr-defined]
+    log.info("summary: %s %s: %s in %.1fs, %d API calls, %d retries", prog, expression, outcome.describe(),
+             time.monotonic() - start, stats.calls, stats.retries)
+    return EXIT_NODES_FAILED if outcome.failed else EXIT_OK
+
+
+def _resume_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:
+    return resume(ctx, nodes, jobs)
+
+
+def _suspend_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:
+    return power_down(ctx, nodes, "suspend", force=False)
+
+
+def _resume_fail_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:
+    return power_down(ctx, nodes, "resume failed: node never registered with slurmctld", force=True)
+
+
+def resume_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """ResumeProgram: create, resume or recreate the VMs of the given nodes."""
+    return _power_program("slurm-nebula-resume", "Slurm ResumeProgram for OpenNebula: boot the VMs of "
+                          "these nodes and tell slurmctld their addresses.", _resume_op, argv, environ,
+                          detachable=True)
+
+
+def suspend_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """SuspendProgram: power the nodes' VMs down with their node set's suspend_action."""
+    return _power_program("slurm-nebula-suspend", "Slurm SuspendProgram for OpenNebula: power these "
+                          "nodes' VMs down (terminate by default, which frees their GPUs).", _suspend_op,
+                          argv, environ)
+
+
+def resume_fail_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """ResumeFailProgram: terminate the VMs of nodes that never came up."""
+    return _power_program("slurm-nebula-resume-fail", "Slurm ResumeFailProgram for OpenNebula: terminate "
+                          "the VMs of nodes that never registered, so no VM or GPU leaks.", _resume_fail_op,
+                          argv, environ)

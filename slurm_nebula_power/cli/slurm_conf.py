@@ -1,0 +1,47 @@
+"""`slurm-nebula-power slurm-conf`: print the slurm.conf lines for the configured node sets."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+from ..errors import EXIT_OK, PowerError
+from ..shapes import generate, options_shape, read_shapes
+from ..slurm import slurm_version
+from .common import load, make_parser, open_cloud, parse, quiet_logging, report_error
+
+PROG = "slurm-nebula-power slurm-conf"
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """slurm-nebula-power slurm-conf: print the slurm.conf lines for the configured node sets."""
+    env = os.environ if environ is None else environ
+    parser = make_parser(PROG, "Print the slurm.conf lines for the configured node "
+                     "sets (NodeName from each template's VCPU, MEMORY and PCI GPUs), their partitions and "
+                     "the power-saving parameters with this installation's program paths.")
+    parser.epilog = ("A template OpenNebula cannot show is described from the node set's vcpu, memory_mb and "
+                     "gpus options instead. exit: 0 printed, 3 configuration error, 4 a template could be "
+                     "read neither from OpenNebula nor from the options")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        config = load(args, env)
+        quiet_logging(PROG, logging.WARNING)
+        shapes, notes = [], []
+        for nodeset, shape, error in read_shapes(config, open_cloud(config, retry_seconds=5)):
+            if shape is None:
+                shape = options_shape(nodeset)
+                if shape is None:
+                    raise PowerError(f"node set {nodeset.nodes_expr}: template {nodeset.template!r}: "
+                                     f"{error}; fix the template, or give vcpu, memory_mb and gpus in the "
+                                     "node set")
+                notes.append(f"{nodeset.nodes_expr}: template unreadable ({error}): from the node set's "
+                             "options")
+            shapes.append((nodeset, shape))
+    except PowerError as exc:
+        report_error(PROG, str(exc), quiet=True)
+        return exc.exit_code
+    print("\n".join(generate(config, shapes, slurm_version(config, env), notes)))
+    return EXIT_OK

@@ -1,0 +1,51 @@
+"""`slurm-nebula-power status [HOSTLIST]`: one row per node, Slurm's view joined with OpenNebula's."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError, SlurmError
+from ..hostlists import expand
+from ..slurm import scontrol_for
+from ..statustable import prolog_line, render, table_rows
+from .common import load, make_parser, open_cloud, parse, quiet_logging, report_error
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """slurm-nebula-power status [HOSTLIST]: Slurm state, VM and what is wrong, per node."""
+    prog = "slurm-nebula-power status"
+    env = os.environ if environ is None else environ
+    parser = make_parser(prog, "One row per node: Slurm state (scontrol), VM id, VM state in words, IP, host, "
+                     "age, and what is wrong.")
+    parser.epilog = ("exit: 0 nothing wrong, 1 some node has a problem, 2 usage, 3 configuration, "
+                     "4 OpenNebula unreachable")
+    parser.add_argument("hostlist", nargs="?", help="nodes to show (default: every configured node, and VMs "
+                        "of this cluster whose node is in no node set)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
+    parser.add_argument("--no-slurm", action="store_true", help="do not ask slurmctld (Slurm columns empty)")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        config = load(args, env)
+        quiet_logging(prog, logging.WARNING)
+        nodes = expand(args.hostlist) if args.hostlist else None
+        states = None
+        if not args.no_slurm:
+            try:
+                states = scontrol_for(config, env).show_all_nodes()
+            except SlurmError as exc:
+                print(f"{prog}: warning: Slurm state unavailable: {exc}", file=sys.stderr)
+        rows = table_rows(config, open_cloud(config), states, nodes)
+    except PowerError as exc:
+        report_error(prog, str(exc), quiet=True)
+        return exc.exit_code
+    footer = None if args.json else prolog_line(config)
+    print(json.dumps(rows, indent=2) if args.json else render(rows, not args.no_slurm))
+    if footer:
+        print(footer)
+    return EXIT_NODES_FAILED if any(r["problems"] for r in rows) else EXIT_OK

@@ -1,0 +1,37 @@
+"""`slurm-nebula-power template`: a node set's OpenNebula VM template, ready for `onetemplate create`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from ..errors import EXIT_OK, PowerError
+from ..template import pick_nodeset, render
+from .common import load, make_parser, parse, report_error
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """slurm-nebula-power template: print a node set's VM template."""
+    env = os.environ if environ is None else environ
+    prog = "slurm-nebula-power template"
+    parser = make_parser(prog, "Print the OpenNebula VM template of a node set, ready for `onetemplate create`: "
+                     "CPU, VCPU, MEMORY, the GPU by PCI passthrough, an optional InfiniBand SR-IOV NIC, the "
+                     "NIC, the image, and CONTEXT with the controller, the munge key and the worker "
+                     "bootstrap. Values come from the node set's options.")
+    parser.add_argument("--nodeset", metavar="NODES", help="the node set: its nodes expression or some of "
+                        "its nodes (needed when there are several node sets)")
+    parser.epilog = ("The output holds the munge key, a secret: redirect it to a file of mode 600. "
+                     "exit: 0 printed, 2 no such node set, 3 configuration error")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        config = load(args, env)
+        index, nodeset = pick_nodeset(config, args.nodeset)
+        text = render(config, index, nodeset)
+    except PowerError as exc:
+        report_error(prog, str(exc), quiet=True)
+        return exc.exit_code
+    sys.stdout.write(text)
+    return EXIT_OK

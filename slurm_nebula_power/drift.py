@@ -1,0 +1,221 @@
+"""Drift between Slurm's cloud nodes and their VMs: survey, diagnose, repair (`status` and `reconcile` are
+views over it), the job that keeps GPUs from leaking.
+
+Repairs (diagnose decides, reconcile acts):
+  - our VM alive while its node is POWERED_DOWN, older than [power] reconcile_grace -> terminate it;
+  - node believed up (no power flag, not DOWN) whose VM is gone, failed or off -> (terminate a failed VM,)
+    hand the node back to Slurm;
+  - VM still starting (PENDING, PROLOG, BOOT) past its node set's boot_timeout while the node is up or
+    powering up -> terminate it and hand the node back.
+Foreign VMs (without our tags) are never looked at. A node whose lock is held by a running resume or
+suspend is skipped; the others are planned again after their locks are taken, from a fresh Slurm then
+OpenNebula read, so a suspend or resume that ran in between is never undone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .config import Config, NodeSet
+from .errors import SlurmError
+from .locks import NodeLocks
+from .model import PENDING, Vm
+from .operation import Cloud, Context, Outcome
+from .plan import SATISFIED, counting_vm
+from .slurm import OFF, STARTING, UP, NodeState
+from .suspend import power_down
+
+log = logging.getLogger(__name__)
+LOCK_WAIT = 2.0  # seconds: a busy node is skipped, the next run gets it
+
+
+@dataclass
+class NodeView:
+    """One node as both sides see it."""
+
+    node: str
+    nodeset: NodeSet | None
+    slurm: NodeState | None  # None: unknown to slurmctld (or Slurm not asked)
+    vms: list[Vm] = field(default_factory=list)  # ours, live
+
+    @property
+    def vm(self) -> Vm | None:
+        """The VM that counts (running before booting before off before failed)."""
+        return counting_vm(self.vms)
+
+
+def survey(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | None,
+           nodes: Sequence[str] | None = None) -> list[NodeView]:
+    """One pool query joined with Slurm's states; nodes=None adds our VMs of nodes in no node set."""
+    cluster = config.slurm.cluster
+    wanted = list(nodes) if nodes is not None else config.all_nodes
+    views = {node: NodeView(node, config.nodeset_for(node), (states or {}).get(node)) for node in wanted}
+    for vm in cloud.cluster_vms(cluster):
+        if not vm.is_ours(cluster, vm.name):
+            continue  # foreign: never listed, never touched
+        if vm.name not in views and nodes is None:
+            views[vm.name] = NodeView(vm.name, None, (states or {}).get(vm.name))
+        if vm.name in views:
+            views[vm.name].vms.append(vm)
+    return list(views.values())
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What reconcile does for a node: terminate these VMs, then maybe hand the node back."""
+
+    terminate: tuple[Vm, ...]
+    hand_back: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What is wrong with a node, and the repair when reconcile may make one."""
+
+    problems: tuple[str, ...] = ()
+    repair: Repair | None = None
+
+
+def _pending_why(vm: Vm) -> str:
+    return ": no host with a free GPU" if vm.state == PENDING and vm.sched_message else ""
+
+
+def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True) -> Diagnosis:
+    """What is wrong with one node; the repair follows the reconcile rules (the module docstring)."""
+    nodeset, vm, st = view.nodeset, view.vm, view.slurm
+    if nodeset is None:
+        if vm is None:
+            return Diagnosis(("in no [[nodeset]] of the configuration",))
+        return Diagnosis((f"VM {vm.id} tagged for this cluster but the node is in no [[nodeset]]: "
+                          "left alone",))
+    problems: list[str] = []
+    if len(view.vms) > 1:
+        ids = ", ".join(str(i) for i in sorted(v.id for v in view.vms))
+        problems.append(f"{len(view.vms)} VMs for one node: {ids}")
+    if st is None:
+        if slurm_asked:
+            problems.append("unknown to slurmctld (not in slurm.conf, or hidden: 22.05 needs "
+                            "PrivateData=cloud)")
+        if vm is not None and vm.failed:
+            problems.append(f"VM failed ({vm.state_name})")
+        elif vm is not None and _pending_why(vm):
+            problems.append(f"VM PENDING{_pending_why(vm)}")
+        return Diagnosis(tuple(problems))
+    where = st.phase
+    if st.is_down or st.is_drained:
+        problems.append(f"Slurm {'DOWN' if st.is_down else 'DRAIN'}: {st.reason or 'no reason given'}")
+    if vm is not None and vm.ip and where in (UP, STARTING) and st.addr not in ("", view.node, vm.ip):
+        problems.append(f"Slurm NodeAddr {st.addr} but VM IP {vm.ip}")
+    repair = None
+    if where == OFF:
+        alive = [v for v in view.vms if v.state not in SATISFIED[nodeset.suspend_action]]
+        if alive:
+            old = tuple(v for v in alive if now - v.stime >= grace)
+            problems.append(f"VM {alive[0].state_name} but node powered down"
+                            + ("" if old else f" (within reconcile_grace {grace:g}s)"))
+            repair = Repair(old, False, "VM alive while its node is powered down") if old else None
+    elif vm is not None and vm.starting and where in (UP, STARTING):
+        late = now - vm.stime >= nodeset.boot_timeout
+        if where == STARTING and _pending_why(vm):
+            problems.append(f"node powering up, VM PENDING{_pending_why(vm)}")
+        elif where == UP:
+            problems.append(f"node up but VM {vm.state_name}")
+        if late:
+            reason = f"VM {vm.state_name} past boot_timeout {nodeset.boot_timeout:g}s{_pending_why(vm)}"
+            problems.append(f"{vm.state_name} for longer than boot_timeout {nodeset.boot_timeout:g}s")
+            repair = Repair(tuple(view.vms), True, reason)
+    elif where == UP:
+        if vm is None:
+            problems.append("node up in Slurm but it has no VM")
+            repair = Repair((), True, "its VM is gone")
+        elif vm.failed:
+            problems.append(f"node up but VM failed ({vm.state_name})")
+            repair = Repair(tuple(view.vms), True, f"VM failed ({vm.state_name})")
+        elif vm.off:
+            problems.append(f"node up but VM {vm.state_name}")
+            repair = Repair((), True, f"VM {vm.state_name}")
+    elif vm is not None and vm.failed:
+        problems.append(f"VM failed ({vm.state_name})")
+    return Diagnosis(tuple(problems), repair)
+
+
+# ---- repair ------------------------------------------------------------------------------------------
+
+
+def describe(repair: Repair) -> str:
+    """terminate VM 3, 4 and hand back to Slurm."""
+    parts = []
+    if repair.terminate:
+        parts.append("terminate VM " + ", ".join(str(vm.id) for vm in repair.terminate))
+    if repair.hand_back:
+        parts.append("hand back to Slurm")
+    return " and ".join(parts)
+
+
+def _plan(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]], nodes: Sequence[str] | None,
+          now: float) -> list[tuple[NodeView, Diagnosis]]:
+    # Slurm first, then OpenNebula: a suspend that starts after the Slurm read still waits for our lock.
+    states = read_states()
+    views = survey(ctx.config, ctx.cloud, states, nodes)
+    found = [(view, diagnose(view, now, ctx.config.power.reconcile_grace)) for view in views]
+    return [(view, diagnosis) for view, diagnosis in found if diagnosis.repair is not None]
+
+
+def reconcile(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]],
+              nodes: Sequence[str] | None = None, dry_run: bool = False, emit: Callable[[str], None] = print,
+              now: Callable[[], float] = time.time, lock_wait: float = LOCK_WAIT) -> Outcome:
+    """Find drift and repair it (or, with dry_run, say what would be done); one line per node to emit."""
+    outcome = Outcome()
+    todo = _plan(ctx, read_states, nodes, now())
+    if not todo:
+        emit("nothing to repair")
+        return outcome
+    if dry_run:
+        for view, diagnosis in todo:
+            assert diagnosis.repair is not None
+            emit(f"{view.node}: {'; '.join(diagnosis.problems)} -> would {describe(diagnosis.repair)}")
+        return outcome
+    with NodeLocks(ctx.config.power.lock_dir, [view.node for view, _ in todo], lock_wait) as locks:
+        for node in locks.busy:
+            emit(f"{node}: skipped, a resume or suspend holds its lock (next run)")
+            log.info("node=%s reconcile skipped: busy", node)
+        if not locks.held:
+            return outcome
+        todo = _plan(ctx, read_states, locks.held, now())  # the world may have moved while we waited
+        _repair(ctx, todo, outcome, emit)
+    return outcome
+
+
+def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outcome,
+            emit: Callable[[str], None]) -> None:
+    repairs = {view.node: diagnosis.repair for view, diagnosis in todo if diagnosis.repair is not None}
+    problems = {view.node: "; ".join(diagnosis.problems) for view, diagnosis in todo}
+    for node, repair in repairs.items():
+        log.warning("node=%s reconcile: %s -> %s", node, problems[node], describe(repair))
+    doomed = [node for node, repair in repairs.items() if repair.terminate]
+    failed: dict[str, str] = {}
+    if doomed:
+        down = power_down(ctx, doomed, "reconcile", force=True)
+        failed.update({node: reason for reason, nodes in down.failed.items() for node in nodes})
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for node, repair in repairs.items():
+        if repair.hand_back:
+            by_reason[repair.reason].append(node)
+    for reason, nodes in by_reason.items():
+        try:
+            ctx.slurm.hand_back(nodes, f"reconcile: {reason}")
+        except SlurmError as exc:
+            for node in nodes:
+                failed[node] = f"hand back failed: {exc}"
+    for node, repair in repairs.items():
+        if node in failed:
+            outcome.fail(node, failed[node])
+            emit(f"{node}: {problems[node]} -> {describe(repair)}: FAILED ({failed[node]})")
+        else:
+            outcome.done.append(node)
+            emit(f"{node}: {problems[node]} -> {describe(repair)}: done")

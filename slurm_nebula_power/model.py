@@ -1,0 +1,159 @@
+"""What every layer shares and nothing external: a VM, oned's states and their names, our tags, and the
+parser of oned's pool documents. No pyone here: status, planning and the tests read VMs without it.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+# VM STATE numbers (include/VirtualMachine.h, VmState)
+INIT, PENDING, HOLD, ACTIVE, STOPPED, SUSPENDED, DONE = 0, 1, 2, 3, 4, 5, 6
+POWEROFF, UNDEPLOYED, CLONING, CLONING_FAILURE = 8, 9, 10, 11
+STATE_NAMES = {INIT: "INIT", PENDING: "PENDING", HOLD: "HOLD", ACTIVE: "ACTIVE", STOPPED: "STOPPED",
+               SUSPENDED: "SUSPENDED", DONE: "DONE", POWEROFF: "POWEROFF", UNDEPLOYED: "UNDEPLOYED",
+               CLONING: "CLONING", CLONING_FAILURE: "CLONING_FAILURE"}
+# The states a VM is switched off in (its disks kept): resume brings it back with one.vm.resume.
+OFF_STATES = (POWEROFF, UNDEPLOYED, STOPPED, SUSPENDED)
+
+# LCM_STATE numbers (include/VirtualMachine.h, LcmState), 0..71 in order.
+LCM_NAMES = dict(enumerate("""LCM_INIT PROLOG BOOT RUNNING MIGRATE SAVE_STOP SAVE_SUSPEND SAVE_MIGRATE
+PROLOG_MIGRATE PROLOG_RESUME EPILOG_STOP EPILOG SHUTDOWN CANCEL FAILURE CLEANUP_RESUBMIT UNKNOWN HOTPLUG
+SHUTDOWN_POWEROFF BOOT_UNKNOWN BOOT_POWEROFF BOOT_SUSPENDED BOOT_STOPPED CLEANUP_DELETE HOTPLUG_SNAPSHOT
+HOTPLUG_NIC HOTPLUG_SAVEAS HOTPLUG_SAVEAS_POWEROFF HOTPLUG_SAVEAS_SUSPENDED SHUTDOWN_UNDEPLOY EPILOG_UNDEPLOY
+PROLOG_UNDEPLOY BOOT_UNDEPLOY HOTPLUG_PROLOG_POWEROFF HOTPLUG_EPILOG_POWEROFF BOOT_MIGRATE BOOT_FAILURE
+BOOT_MIGRATE_FAILURE PROLOG_MIGRATE_FAILURE PROLOG_FAILURE EPILOG_FAILURE EPILOG_STOP_FAILURE
+EPILOG_UNDEPLOY_FAILURE PROLOG_MIGRATE_POWEROFF PROLOG_MIGRATE_POWEROFF_FAILURE PROLOG_MIGRATE_SUSPEND
+PROLOG_MIGRATE_SUSPEND_FAILURE BOOT_UNDEPLOY_FAILURE BOOT_STOPPED_FAILURE PROLOG_RESUME_FAILURE
+PROLOG_UNDEPLOY_FAILURE DISK_SNAPSHOT_POWEROFF DISK_SNAPSHOT_REVERT_POWEROFF DISK_SNAPSHOT_DELETE_POWEROFF
+DISK_SNAPSHOT_SUSPENDED DISK_SNAPSHOT_REVERT_SUSPENDED DISK_SNAPSHOT_DELETE_SUSPENDED DISK_SNAPSHOT
+DISK_SNAPSHOT_REVERT DISK_SNAPSHOT_DELETE PROLOG_MIGRATE_UNKNOWN PROLOG_MIGRATE_UNKNOWN_FAILURE DISK_RESIZE
+DISK_RESIZE_POWEROFF DISK_RESIZE_UNDEPLOYED HOTPLUG_NIC_POWEROFF HOTPLUG_RESIZE HOTPLUG_SAVEAS_UNDEPLOYED
+HOTPLUG_SAVEAS_STOPPED BACKUP BACKUP_POWEROFF RESTORE""".split()))
+LCM_INIT, PROLOG, BOOT, RUNNING_LCM, UNKNOWN_LCM = 0, 1, 2, 3, 16
+# On its way to RUNNING (LCM_INIT, PROLOG, BOOT).
+STARTING_LCM = (LCM_INIT, PROLOG, BOOT)
+FAILURE_LCM = frozenset(number for number, name in LCM_NAMES.items() if name.endswith("FAILURE"))
+
+# Tags we put into every VM's USER_TEMPLATE: identity is NAME plus these.
+TAG_CLUSTER = "SLURM_CLUSTER"
+TAG_NODE = "SLURM_NODENAME"
+TAG_JOBS = "SLURM_JOB_IDS"
+TAG_MANAGER = "SLURM_NEBULA_POWER"
+
+
+def lcm_name(lcm: int) -> str:
+    """LCM_STATE number -> oned's name."""
+    return LCM_NAMES.get(lcm, f"LCM_{lcm}")
+
+
+def state_name(state: int) -> str:
+    """STATE number -> oned's name."""
+    return STATE_NAMES.get(state, f"STATE_{state}")
+
+
+@dataclass(frozen=True)
+class Vm:
+    """What the programs need to know of one VM."""
+
+    id: int
+    name: str
+    state: int
+    lcm_state: int
+    ip: str | None = None
+    host: str | None = None
+    stime: int = 0
+    user_template: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def state_name(self) -> str:
+        """STATE in words, LCM_STATE too when ACTIVE (e.g. ACTIVE/BOOT_FAILURE)."""
+        name = state_name(self.state)
+        return f"{name}/{lcm_name(self.lcm_state)}" if self.state == ACTIVE else name
+
+    @property
+    def failed(self) -> bool:
+        """In a failure state: it will not come up without help."""
+        return self.state == CLONING_FAILURE or (self.state == ACTIVE and self.lcm_state in FAILURE_LCM)
+
+    @property
+    def running(self) -> bool:
+        """ACTIVE and RUNNING."""
+        return self.state == ACTIVE and self.lcm_state == RUNNING_LCM
+
+    @property
+    def starting(self) -> bool:
+        """PENDING, HOLD, or ACTIVE on its way to RUNNING."""
+        return self.state in (PENDING, HOLD) or (self.state == ACTIVE and self.lcm_state in STARTING_LCM)
+
+    @property
+    def off(self) -> bool:
+        """Switched off with its disks kept (POWEROFF, UNDEPLOYED, STOPPED, SUSPENDED)."""
+        return self.state in OFF_STATES
+
+    @property
+    def ready(self) -> bool:
+        """The guest reported READY=YES through OneGate."""
+        return str(self.user_template.get("READY", "")).upper() == "YES"
+
+    @property
+    def sched_message(self) -> str:
+        """oned's scheduler message (why a PENDING VM is not placed), if any."""
+        return str(self.user_template.get("SCHED_MESSAGE", ""))
+
+    def is_ours(self, cluster: str, node: str) -> bool:
+        """Identity: NAME is the node name AND our tags name this cluster and node."""
+        return (self.name == node and self.user_template.get(TAG_NODE) == node
+                and self.user_template.get(TAG_CLUSTER) == cluster)
+
+
+def ours_by_node(vms: Iterable[Vm], cluster: str, nodes: Iterable[str]) -> dict[str, list[Vm]]:
+    """Our live VMs for these nodes (identity: name and tags), by node."""
+    wanted = set(nodes)
+    found: dict[str, list[Vm]] = defaultdict(list)
+    for vm in vms:
+        if vm.name in wanted and vm.state != DONE and vm.is_ours(cluster, vm.name):
+            found[vm.name].append(vm)
+    return found
+
+
+# ---- oned's pool documents --------------------------------------------------------------------------
+
+
+def vms_from_xml(text: str) -> list[Vm]:
+    """Parse a VM_POOL (or one VM) document with ElementTree.
+
+    pyone's generated bindings cost about 0.4 ms per VM; a 1,000-VM pool (3 MB of full bodies) is
+    read while resume watches its VMs boot, so pool documents are parsed here instead (same fields),
+    walking each VM's children once rather than searching it path by path.
+    """
+    root = ET.fromstring(text)
+    return [_vm_from_element(vm) for vm in ([root] if root.tag == "VM" else root.iterfind("VM"))]
+
+
+_VM_FIELDS = frozenset(("ID", "NAME", "STATE", "LCM_STATE", "STIME"))
+
+
+def _vm_from_element(vm: ET.Element) -> Vm:
+    fields: dict[str, str] = {}
+    ip: str | None = None
+    host: str | None = None
+    tags: dict[str, str] | None = None
+    for child in vm:
+        tag = child.tag
+        if tag in _VM_FIELDS:
+            fields.setdefault(tag, child.text or "")
+        elif tag == "TEMPLATE":
+            # the first TEMPLATE/NIC/IP in document order, as findtext would give it
+            for nic in child.iterfind("NIC"):
+                ip = ip or nic.findtext("IP") or None
+        elif tag == "USER_TEMPLATE" and tags is None:
+            tags = {item.tag: item.text or "" for item in child if len(item) == 0}
+        elif tag == "HISTORY_RECORDS":
+            for name in child.iterfind("HISTORY/HOSTNAME"):
+                host = name.text or None  # the last record is where the VM is (or was)
+    return Vm(id=int(fields.get("ID") or -1), name=fields.get("NAME") or "",
+              state=int(fields.get("STATE") or 0), lcm_state=int(fields.get("LCM_STATE") or 0),
+              ip=ip, host=host, stime=int(fields.get("STIME") or 0), user_template=tags or {})

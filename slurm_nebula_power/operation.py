@@ -1,0 +1,179 @@
+"""What resume, suspend and drift share: the Cloud they act on, the Context they run in, the Outcome they
+return, and the few steps every one of them takes (remove a VM, hand nodes back, log by kind)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .config import Config
+from .errors import ActionRefused, CloudError, SlurmError, first_line
+from .hostlists import fold
+from .model import ACTIVE, RUNNING_LCM, Vm
+from .plan import removal_action
+from .slurm import SlurmControl
+
+log = logging.getLogger(__name__)
+REASON_LENGTH = 150  # characters of an OpenNebula error kept in a node's Reason
+
+
+class Cloud(Protocol):
+    """What the operations need of OpenNebula (cloud.OneCloud, or a fake in tests)."""
+
+    def cluster_vms(self, cluster: str) -> list[Vm]: ...
+    def template_id(self, ref: str | int) -> int: ...
+    def template(self, template_id: int) -> dict[str, Any]: ...
+    def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True) -> int: ...
+    def action(self, action: str, vm_id: int) -> None: ...
+    def recover_delete(self, vm_id: int) -> None: ...
+    def version(self) -> str: ...
+
+
+@dataclass
+class Outcome:
+    """Partial success as a value: nodes done, nodes failed grouped by reason."""
+
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def fail(self, node: str, reason: str) -> None:
+        """Record a failed node with its reason."""
+        self.failed[reason].append(node)
+
+    @property
+    def failed_nodes(self) -> list[str]:
+        """Every failed node."""
+        return sorted(node for nodes in self.failed.values() for node in nodes)
+
+    def describe(self) -> str:
+        """One line: counts and the failures by reason."""
+        text = f"{len(self.done)} done, {len(self.failed_nodes)} failed"
+        if self.failed:
+            text += " (" + "; ".join(f"{reason}: {fold(nodes)}" for reason, nodes in self.failed.items()) + ")"
+        return text
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything an operation needs, handed in (tests pass fakes and fake clocks)."""
+
+    config: Config
+    cloud: Cloud
+    slurm: SlurmControl
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    on_vm: Callable[[str, Vm], None] | None = None  # progress observer (the demo)
+    poll_first: float = 0.25
+
+    @property
+    def cluster(self) -> str:
+        """Our cluster name, the first half of every VM's identity."""
+        return self.config.slurm.cluster
+
+    def observe(self, node: str, vm: Vm) -> None:
+        """Tell the progress observer, if any, what a node's VM looks like now."""
+        if self.on_vm is not None:
+            self.on_vm(node, vm)
+
+
+def remove_vm(cloud: Cloud, vm: Vm) -> str:
+    """Terminate a VM of ours now, whatever its state; returns the action used."""
+    action = removal_action(vm)
+    try:
+        cloud.action(action, vm.id)
+        return action
+    except ActionRefused:
+        # A VM stuck in a transitional state (BOOT, PROLOG...) refuses terminate; recover --delete
+        # is oned's way to drop it and free its host resources, GPU included.
+        cloud.recover_delete(vm.id)
+        return "recover-delete"
+
+
+def cloud_reason(exc: BaseException) -> str:
+    """A node's failure reason from an OpenNebula error: its first line, short enough for a Slurm Reason."""
+    return f"OpenNebula: {first_line(exc, REASON_LENGTH)}"
+
+
+def timed(what: str, node: str, vm_id: int | None, fn: Callable[[], Any]) -> Any:
+    """Run one action for a node, logging its result and how long it took."""
+    start = time.monotonic()
+    try:
+        result = fn()
+    except Exception as exc:
+        log.info("node=%s vm=%s action=%s result=error seconds=%.2f error=%s", node, vm_id, what,
+                 time.monotonic() - start, exc)
+        raise
+    log.info("node=%s vm=%s action=%s result=ok seconds=%.2f", node, result if vm_id is None else vm_id,
+             what, time.monotonic() - start)
+    return result
+
+
+class Removals:
+    """The VMs one run is removing: each is removed once, whichever part of the run finds it first."""
+
+    def __init__(self, cloud: Cloud) -> None:
+        self.cloud = cloud
+        self.ids: set[int] = set()
+        self._lock = threading.Lock()
+
+    def claim(self, vm_id: int) -> bool:
+        """True the first time: the caller removes it. Claimed before a pool runs it, so the next poll does
+        not submit it again."""
+        with self._lock:
+            if vm_id in self.ids:
+                return False
+            self.ids.add(vm_id)
+            return True
+
+    def release(self, vm_id: int) -> None:
+        """Not removed after all: it is still ours to remove (the sweep or reconcile will)."""
+        with self._lock:
+            self.ids.discard(vm_id)
+
+    def __contains__(self, vm_id: object) -> bool:
+        return vm_id in self.ids
+
+    def remove(self, node: str, vm: Vm) -> None:
+        """Remove one claimed VM of ours, logging the action; errors are logged, reconcile retries."""
+        self.claim(vm.id)
+        try:
+            timed("remove", node, vm.id, lambda: remove_vm(self.cloud, vm))
+        except CloudError as exc:
+            log.error("node=%s vm=%d could not be removed, reconcile will: %s", node, vm.id, exc)
+
+
+def unseen_vm(vm_id: int, node: str) -> Vm:
+    """A VM whose state we did not see: treated as running, so removal tries terminate-hard, then delete."""
+    return Vm(id=vm_id, name=node, state=ACTIVE, lcm_state=RUNNING_LCM)
+
+
+def hand_back(ctx: Context, outcome: Outcome, nodes: Sequence[str], reason: str) -> None:
+    """Record nodes as failed and give them back to Slurm now, so their jobs requeue."""
+    for node in nodes:
+        outcome.fail(node, reason)
+    try:
+        ctx.slurm.hand_back(list(nodes), reason)
+        log.warning("handed %s back to Slurm: %s", fold(nodes), reason)
+    except SlurmError as exc:
+        log.error("could not hand %s back to Slurm (%s): %s", fold(nodes), reason, exc)
+
+
+def log_by_kind(items: Iterable[tuple[str, str, Vm | None]]) -> None:
+    """One log line per kind (a plan, a state) naming its nodes and VMs, not one line per node.
+
+    A 1,000-node run otherwise writes thousands of lines that say the same thing, and each costs
+    the interpreter lock while the calls' threads wait for it.
+    """
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for kind, node, vm in items:
+        nodes, vms = groups.setdefault(kind, ([], []))
+        nodes.append(node)
+        if vm is not None:
+            vms.append(str(vm.id))
+    for kind, (nodes, vms) in groups.items():
+        log.info("%s nodes=%s vms=%s", kind, fold(nodes), ",".join(vms) or "none")

@@ -1,0 +1,305 @@
+"""Resume: plan from one pool query, act in parallel, watch the VMs boot, hand back what cannot start."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from .backoff import Backoff
+from .config import NodeSet
+from .errors import CloudError, SlurmError, first_line
+from .hostlists import fold
+from .model import PENDING, Vm, ours_by_node
+from .operation import (
+    REASON_LENGTH,
+    Context,
+    Outcome,
+    Removals,
+    cloud_reason,
+    hand_back,
+    log_by_kind,
+    remove_vm,
+    timed,
+    unseen_vm,
+)
+from .plan import Plan, extra_template, plan_resume
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Boot:
+    """One node on its way up."""
+
+    node: str
+    nodeset: NodeSet
+    deadline: float
+    vm_id: int | None = None
+    future: Future[int] | None = None
+    attempts: int = 0
+    addr: str | None = None
+    seen: str = ""
+
+
+def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]) -> Outcome:
+    """Bring nodes up: plan from one pool query, act in parallel, watch, hand back what cannot start."""
+    outcome = Outcome()
+    config = ctx.config
+    boots: list[Boot] = []
+    start = ctx.clock()
+    refused = [node for node in nodes if config.nodeset_for(node) is None]
+    for node in refused:
+        log.error("node %s is in no [[nodeset]] of %s: refused", node, config.path)
+    if refused:
+        hand_back(ctx, outcome, refused, f"not in any nodeset of {config.path.name}")
+    for node in nodes:
+        nodeset = config.nodeset_for(node)
+        if nodeset is not None:
+            boots.append(Boot(node, nodeset, start + nodeset.boot_timeout))
+    if not boots:
+        return outcome
+    try:
+        _Resume(ctx, jobs, outcome).run(boots)
+    except BaseException:
+        # Fail safe: whatever went wrong, nobody waits for ResumeTimeout.
+        left = [b.node for b in boots if b.node not in outcome.done and b.node not in outcome.failed_nodes]
+        log.exception("internal error during resume; handing back %s", fold(left) if left else "nothing")
+        if left:
+            hand_back(ctx, outcome, left, "internal error in resume, see nebula-power log")
+        raise
+    return outcome
+
+
+class _Resume:
+    """One resume run: its templates, its thread pool, the VMs it is removing."""
+
+    def __init__(self, ctx: Context, jobs: Mapping[str, Sequence[int]], outcome: Outcome) -> None:
+        self.ctx = ctx
+        self.jobs = jobs
+        self.outcome = outcome
+        self.removals = Removals(ctx.cloud)
+        self.templates: dict[int, tuple[int, dict[str, Any]]] = {}  # id(nodeset) -> (template id, CONTEXT)
+        self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
+
+    def run(self, boots: list[Boot]) -> None:
+        """Read templates and the pool once, start every node, watch them, sweep what failed."""
+        ctx = self.ctx
+        try:
+            boots = self._read_templates(boots)
+            if not boots:
+                return
+            try:
+                vms = ctx.cloud.cluster_vms(ctx.cluster)
+            except CloudError as exc:
+                hand_back(ctx, self.outcome, [b.node for b in boots], cloud_reason(exc))
+                return
+            ours = ours_by_node(vms, ctx.cluster, (b.node for b in boots))
+            plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
+            log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
+            for boot, plan in plans:
+                boot.future = self.pool.submit(self._start, boot, plan)
+            self._watch(boots)
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self._sweep_failed()
+
+    def _read_templates(self, boots: list[Boot]) -> list[Boot]:
+        ctx = self.ctx
+        for nodeset in {id(b.nodeset): b.nodeset for b in boots}.values():
+            try:
+                tid = ctx.cloud.template_id(nodeset.template)
+                context = ctx.cloud.template(tid).get("CONTEXT") or {}
+                self.templates[id(nodeset)] = (tid, context if isinstance(context, dict) else {})
+            except CloudError as exc:
+                log.error("node set %s: template %r: %s", nodeset.nodes_expr, nodeset.template, exc)
+                bad = [b.node for b in boots if b.nodeset is nodeset]
+                hand_back(ctx, self.outcome, bad, f"template {nodeset.template}: {first_line(exc, REASON_LENGTH)}")
+                boots = [b for b in boots if b.nodeset is not nodeset]
+        return boots
+
+    # -- starting a node (in the pool) --
+
+    def _start(self, boot: Boot, plan: Plan) -> int:
+        ctx = self.ctx
+        for duplicate in plan.duplicates:
+            self.removals.remove(boot.node, duplicate)
+        if plan.action in ("resume", "release") and plan.vm is not None:
+            vm_id = plan.vm.id
+            timed(plan.action, boot.node, vm_id, lambda: ctx.cloud.action(plan.action, vm_id))
+            return vm_id
+        if plan.action == "wait" and plan.vm is not None:
+            return plan.vm.id
+        if plan.action == "recreate" and plan.vm is not None:
+            old = plan.vm
+            log.warning("node=%s vm=%d is %s: recreating it", boot.node, old.id, old.state_name)
+            self.removals.claim(old.id)
+            try:
+                timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
+            except CloudError:
+                self.removals.release(old.id)  # still ours to remove: the sweep or reconcile will
+                raise
+        tid, context = self.templates[id(boot.nodeset)]
+        extra = extra_template(ctx.cluster, boot.node, self.jobs.get(boot.node, ()), context)
+        result: int = timed("instantiate", boot.node, None, lambda: ctx.cloud.instantiate(tid, boot.node, extra))
+        return result
+
+    # -- watching --
+
+    def _watch(self, boots: list[Boot]) -> None:
+        ctx = self.ctx
+        active = list(boots)
+        interval = Backoff(ctx.poll_first, ctx.config.power.poll_max)
+        while active:
+            self._pause([b.future for b in active if b.future is not None], interval.next())
+            now = ctx.clock()
+            failures = self._collect_calls(active, now)
+            failing = {id(b) for b in _flat(failures)}
+            known = [b for b in active if b.vm_id is not None and b.future is None and id(b) not in failing]
+            snapshot = self._snapshot(known, now, failures)
+            if snapshot is None:
+                known, snapshot = [], {}
+            addresses: dict[str, str] = {}
+            for boot in known:
+                vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
+                if vm is not None and vm.ip and vm.ip != boot.addr:
+                    addresses[boot.node] = boot.addr = vm.ip
+                verdict = self._judge(boot, vm, now)
+                if verdict == "done":
+                    self.outcome.done.append(boot.node)
+                elif verdict == "recreate":
+                    boot.attempts += 1
+                    boot.vm_id, boot.addr = None, None
+                    boot.future = self.pool.submit(self._start, boot, Plan("recreate", vm))
+                elif verdict:
+                    failures[verdict].append(boot)
+            if addresses:
+                try:
+                    ctx.slurm.set_addresses(addresses, {b.node: b.vm_id for b in known if b.vm_id is not None})
+                except SlurmError as exc:
+                    log.error("could not set node addresses: %s", exc)
+            for reason, failed in failures.items():
+                self._give_up(failed, snapshot, reason)
+            settled = set(self.outcome.done) | {b.node for b in _flat(failures)}
+            active = [b for b in active if b.node not in settled]
+
+    def _collect_calls(self, active: Sequence[Boot], now: float) -> dict[str, list[Boot]]:
+        """The answers of calls that finished: a VM id, or a failure (also for a call that never answers)."""
+        failures: dict[str, list[Boot]] = defaultdict(list)
+        for boot in active:
+            future = boot.future
+            if future is not None and future.done():
+                boot.future = None
+                try:
+                    boot.vm_id = future.result()
+                except CloudError as exc:
+                    failures[cloud_reason(exc)].append(boot)
+            elif future is not None and now >= boot.deadline + self.ctx.config.opennebula.timeout:
+                failures["OpenNebula did not answer in time"].append(boot)
+        return failures
+
+    def _snapshot(self, known: Sequence[Boot], now: float,
+                  failures: dict[str, list[Boot]]) -> dict[int, Vm] | None:
+        """One pool query for the nodes whose VM id is known ({} when there are none, None when it failed)."""
+        if not known:
+            return {}
+        ctx = self.ctx
+        try:
+            vms = ctx.cloud.cluster_vms(ctx.cluster)
+        except CloudError as exc:
+            log.warning("pool query failed: %s", exc)
+            for boot in known:
+                if now >= boot.deadline:
+                    failures[cloud_reason(exc)].append(boot)
+            return None
+        self._remove_duplicates(known, ours_by_node(vms, ctx.cluster, (b.node for b in known)))
+        return {vm.id: vm for vm in vms}
+
+    def _pause(self, calls: Sequence[Future[int]], interval: float) -> None:
+        """Until the next poll: until every call in flight has answered, else the interval.
+
+        The VMs those calls made or resumed are then worth a look at once: oned leases their addresses
+        at instantiate (NodeAddr can be set now), and a VM that boots fast is seen without a wasted pause.
+        While calls are still in flight the pool is read at most every poll_max: their VMs are not up
+        yet, and reading a 1,000-VM pool holds the interpreter ~0.2 s, stalling the calls' threads.
+        """
+        if calls:
+            wait(calls, timeout=max(interval, self.ctx.config.power.poll_max))
+        else:
+            self.ctx.sleep(interval)
+
+    def _remove_duplicates(self, known: Sequence[Boot], ours: Mapping[str, list[Vm]]) -> None:
+        """A retried instantiate whose first answer was lost leaves a second VM of ours: remove it."""
+        for boot in known:
+            for vm in ours.get(boot.node, []):
+                if vm.id != boot.vm_id and self.removals.claim(vm.id):
+                    log.warning("node=%s vm=%d duplicates vm=%s: removing it", boot.node, vm.id, boot.vm_id)
+                    self.pool.submit(self.removals.remove, boot.node, vm)
+
+    def _judge(self, boot: Boot, vm: Vm | None, now: float) -> str:
+        """'' keep waiting, 'done', 'recreate', or a failure reason."""
+        if vm is not None:
+            self.ctx.observe(boot.node, vm)
+        if vm is None:
+            return self._retry_or(boot, now, "VM vanished while booting")
+        if vm.state_name != boot.seen:
+            log.info("node=%s vm=%d state=%s ip=%s", boot.node, vm.id, vm.state_name, vm.ip)
+            boot.seen = vm.state_name
+        if vm.failed:
+            return self._retry_or(boot, now, f"VM failed to boot ({vm.state_name})")
+        if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
+            return "done"
+        if now < boot.deadline:
+            return ""
+        if vm.state == PENDING and vm.sched_message:
+            return "no host with a free GPU (VM PENDING past boot_timeout)"
+        if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
+            return f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s (RUNNING)"
+        return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"
+
+    def _retry_or(self, boot: Boot, now: float, reason: str) -> str:
+        if boot.attempts < self.ctx.config.power.recreate_attempts and now < boot.deadline:
+            return "recreate"
+        return reason
+
+    # -- failing --
+
+    def _give_up(self, failed: list[Boot], snapshot: Mapping[int, Vm], reason: str) -> None:
+        """Terminate the VMs of nodes that cannot start (no GPU stays held), then hand the nodes back."""
+        removals = []
+        for boot in failed:
+            vm = None if boot.vm_id is None else snapshot.get(boot.vm_id, unseen_vm(boot.vm_id, boot.node))
+            log.error("node=%s vm=%s failed: %s", boot.node, boot.vm_id, reason)
+            if vm is not None and vm.id not in self.removals:
+                removals.append(self.pool.submit(self.removals.remove, boot.node, vm))
+        for removal in removals:
+            removal.result()
+        hand_back(self.ctx, self.outcome, [b.node for b in failed], reason)
+
+    def _sweep_failed(self) -> None:
+        """After the actions drained: no VM of ours may remain for a node handed back in this run.
+
+        Catches VMs oned created for calls whose answer never reached us (a timed-out instantiate that
+        was abandoned), which no one would ever terminate.  Runs under the nodes' locks.
+        """
+        if not self.outcome.failed:
+            return
+        ctx = self.ctx
+        failed = self.outcome.failed_nodes
+        try:
+            vms = ctx.cloud.cluster_vms(ctx.cluster)
+        except CloudError as exc:
+            log.error("could not check %s for leftover VMs, reconcile will: %s", fold(failed), exc)
+            return
+        for node, leftovers in ours_by_node(vms, ctx.cluster, failed).items():
+            for vm in leftovers:
+                if vm.id not in self.removals:
+                    log.warning("node=%s vm=%d left over after the node was handed back: removing it", node, vm.id)
+                    self.removals.remove(node, vm)
+
+
+def _flat(failures: Mapping[str, list[Boot]]) -> list[Boot]:
+    return [boot for boots in failures.values() for boot in boots]

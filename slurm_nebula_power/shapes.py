@@ -1,0 +1,178 @@
+"""slurm.conf from the templates: what a VM gives a node (Shape), and the lines `slurm-conf` prints."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import sysconfig
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import Config, NodeSet
+from .errors import CloudError, first_line
+from .hostlists import fold
+from .operation import Cloud
+
+PROGRAMS = {"ResumeProgram": "slurm-nebula-resume", "SuspendProgram": "slurm-nebula-suspend",
+            "ResumeFailProgram": "slurm-nebula-resume-fail"}
+PROLOG = "slurm-nebula-prolog"
+# slurmd reports the guest's MemTotal, which is below the VM's MEMORY (kernel, firmware, crash kernel):
+# a RealMemory at 95 % of MEMORY never trips "Low RealMemory" (AWS ParallelCluster uses the same ratio).
+MEMORY_RATIO = 0.95
+RESUME_MARGIN = 300  # seconds for the guest to start slurmd after the VM is RUNNING
+SUSPEND_MARGIN = 30  # seconds beyond [power] suspend_timeout before slurmctld forgets the node's address
+GPU_VENDORS = ("10de", "1002")  # NVIDIA, AMD: a PCI device of theirs without CLASS is taken as a GPU
+
+
+# ---- what a template gives a node -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What slurmd will find in a VM: vCPUs, memory and GPUs, and where that was learned."""
+
+    vcpus: int
+    memory_mb: int
+    gpus: int
+    source: str
+
+
+def pci_gpus(pci: Any) -> int:
+    """GPUs among a template's PCI entries (CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC)."""
+    devices = pci if isinstance(pci, list) else [pci] if isinstance(pci, dict) else []
+    count = 0
+    for device in devices:
+        if not isinstance(device, dict) or str(device.get("TYPE", "")).upper() == "NIC":
+            continue
+        klass, vendor = str(device.get("CLASS", "")), str(device.get("VENDOR", "")).lower()
+        if klass.startswith("03") or device.get("PROFILE") or (not klass and vendor in GPU_VENDORS):
+            count += 1
+        elif not klass and not vendor and device.get("SHORT_ADDRESS"):
+            count += 1  # one exact device by address: what passthrough of a GPU looks like
+    return count
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def template_shape(template: Mapping[str, Any], tid: int) -> Shape:
+    """The Shape of a VM built from this template (oned gives one vCPU when VCPU is unset)."""
+    vcpu = _number(template.get("VCPU", 1)) or 1
+    memory = _number(template.get("MEMORY", 0)) or 0
+    return Shape(int(vcpu), int(memory), pci_gpus(template.get("PCI")), f"template {tid}")
+
+
+def options_shape(nodeset: NodeSet) -> Shape | None:
+    """The Shape the node set's options describe (vcpu and memory_mb needed), or None."""
+    opts = nodeset.options
+    if "vcpu" not in opts or "memory_mb" not in opts:
+        return None
+    return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), int(opts.get("gpus", 0)), "node set options")
+
+
+def read_shapes(config: Config, cloud: Cloud) -> list[tuple[NodeSet, Shape | None, str]]:
+    """Per node set: its template's Shape, or None and why it could not be read."""
+    out: list[tuple[NodeSet, Shape | None, str]] = []
+    for nodeset in config.nodesets:
+        try:
+            tid = cloud.template_id(nodeset.template)
+            out.append((nodeset, template_shape(cloud.template(tid), tid), ""))
+        except CloudError as exc:
+            out.append((nodeset, None, first_line(exc)))
+    return out
+
+
+# ---- writing slurm.conf lines -----------------------------------------------------------------------
+
+
+def program_path(name: str) -> tuple[Path, bool]:
+    """Absolute path of one of our console scripts: this installation's scripts dir, then PATH."""
+    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        candidate = Path(directory) / name
+        if os.access(candidate, os.X_OK):
+            return candidate, True
+    found = shutil.which(name)
+    if found:
+        return Path(found).absolute(), True
+    return Path(sysconfig.get_path("scripts")) / name, False
+
+
+def real_memory(memory_mb: int) -> int:
+    """RealMemory for a VM of memory_mb MiB."""
+    return max(1, math.floor(memory_mb * MEMORY_RATIO))
+
+
+def features(nodeset: NodeSet) -> str:
+    """Feature= of a node set: its features option, else cloud plus the GPU type."""
+    if nodeset.options.get("features"):
+        return str(nodeset.options["features"])
+    kind = nodeset.options.get("gpu_type")
+    return ",".join(["cloud"] + ([str(kind)] if kind else []))
+
+
+def node_line(nodeset: NodeSet, shape: Shape) -> str:
+    """The NodeName line of a node set."""
+    parts = [f"NodeName={fold(nodeset.nodes)}", "State=CLOUD", f"CPUs={shape.vcpus}",
+             f"RealMemory={real_memory(shape.memory_mb)}"]
+    if shape.gpus:
+        kind = nodeset.options.get("gpu_type")
+        parts.append(f"Gres=gpu:{kind}:{shape.gpus}" if kind else f"Gres=gpu:{shape.gpus}")
+    parts.append(f"Feature={features(nodeset)}")
+    return " ".join(parts)
+
+
+def partition_of(nodeset: NodeSet, shape: Shape) -> str:
+    """The partition a node set goes to: its partition option, else gpu or cloud."""
+    return str(nodeset.options.get("partition") or ("gpu" if shape.gpus else "cloud"))
+
+
+def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: tuple[int, int] | None,
+             notes: Sequence[str] = ()) -> list[str]:
+    """Every slurm.conf line for this configuration, with comments that say why."""
+    resume_timeout = math.ceil(max(ns.boot_timeout for ns in config.nodesets)) + RESUME_MARGIN
+    suspend_timeout = math.ceil(config.power.suspend_timeout) + SUSPEND_MARGIN
+    lines = [f"# slurm.conf lines from slurm-nebula-power {__version__} for {config.path}",
+             "# Paste them into slurm.conf (merge SlurmctldParameters with yours) and restart slurmctld.",
+             *[f"# {note}" for note in notes]]
+    for key, name in PROGRAMS.items():
+        path, found = program_path(name)
+        lines += [] if found else [f"# {name} is not installed here: fix the path below"]
+        lines.append(f"{key}={path}")
+    prolog, found = program_path(PROLOG)
+    lines += [] if found else [f"# {PROLOG} is not installed here: fix the path below"]
+    lines += ["# a job starts as soon as its cloud nodes are up, not at slurmctld's next 30 s check (a site "
+              "PrologSlurmctld goes to [slurm] prolog_chain)", f"PrologSlurmctld={prolog}"]
+    lines += [f"# longest boot_timeout {resume_timeout - RESUME_MARGIN} s + {RESUME_MARGIN} s for the guest "
+              "to start slurmd", f"ResumeTimeout={resume_timeout}",
+              f"# [power] suspend_timeout {config.power.suspend_timeout:g} s + {SUSPEND_MARGIN} s: the VM is "
+              "gone before slurmctld reuses the node name", f"SuspendTimeout={suspend_timeout}",
+              "# idle seconds before a node's VM is powered down: tune to your workload", "SuspendTime=600",
+              "ResumeRate=0", "SuspendRate=0"]
+    # No cloud_reg_addrs: resume sets NodeAddr from OpenNebula's lease, which cloud_reg_addrs would
+    # overwrite with whatever source address slurmd registers from (wrong on multi-NIC GPU VMs).
+    # Nodes booted by the worker bootstrap (a node set with `controller`) fetch slurm.conf from slurmctld.
+    configless = any(ns.options.get("controller") for ns in config.nodesets)
+    lines.append("SlurmctldParameters=idle_on_node_suspend" + (",enable_configless" if configless else ""))
+    if version is None or version < (23, 2):
+        lines += ["# Slurm 22.05 hides powered-down cloud nodes from sinfo/scontrol (and from status and "
+                  "reconcile) without this", "PrivateData=cloud"]
+    if any(shape.gpus for _, shape in shapes):
+        lines.append("GresTypes=gpu")
+    partitions: dict[str, list[str]] = {}
+    for nodeset, shape in shapes:
+        lines += [f"# {nodeset.nodes_expr}: {shape.source} ({nodeset.template!r}): {shape.vcpus} vCPU, "
+                  f"{shape.memory_mb} MiB (RealMemory {MEMORY_RATIO:.0%}), {shape.gpus} GPU",
+                  node_line(nodeset, shape)]
+        partitions.setdefault(partition_of(nodeset, shape), []).extend(nodeset.nodes)
+    for name, nodes in partitions.items():
+        lines.append(f"PartitionName={name} Nodes={fold(nodes)} MaxTime=INFINITE State=UP")
+    return lines

@@ -1,0 +1,93 @@
+"""The `status` table: one row per node, Slurm's view joined with OpenNebula's, and what is wrong."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .config import Config
+from .drift import Diagnosis, NodeView, diagnose, survey
+from .errors import PowerError
+from .model import ACTIVE, STATE_NAMES, lcm_name
+from .operation import Cloud
+from .shapes import PROLOG
+from .slurm import NodeState
+from .slurmconf import read_slurm_conf
+
+
+def age(seconds: float | None) -> str:
+    """3s, 4m05s, 2h07m, 3d04h."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def row(view: NodeView, diagnosis: Diagnosis, now: float) -> dict[str, Any]:
+    """One node as a JSON-ready dict."""
+    vm, st = view.vm, view.slurm
+    return {
+        "node": view.node,
+        "nodeset": view.nodeset.nodes_expr if view.nodeset else None,
+        "slurm_state": st.state if st else None,
+        "slurm_reason": st.reason if st else None,
+        "vm_id": vm.id if vm else None,
+        "vm_ids": sorted(v.id for v in view.vms),
+        "vm_state": STATE_NAMES.get(vm.state, str(vm.state)) if vm else None,
+        "lcm_state": lcm_name(vm.lcm_state) if vm and vm.state == ACTIVE else None,
+        "ip": vm.ip if vm else None,
+        "host": vm.host if vm else None,
+        "age_seconds": int(now - vm.stime) if vm and vm.stime else None,
+        "problems": list(diagnosis.problems),
+    }
+
+
+COLUMNS = ("NODE", "SLURM", "VM", "STATE", "IP", "HOST", "AGE", "PROBLEM")
+
+
+def render(rows: Sequence[Mapping[str, Any]], slurm_asked: bool = True) -> str:
+    """The readable table."""
+    cells = []
+    for r in rows:
+        state = r["vm_state"] + (f"/{r['lcm_state']}" if r["lcm_state"] else "") if r["vm_state"] else "-"
+        slurm = r["slurm_state"] or ("?" if slurm_asked else "n/a")
+        cells.append((r["node"], slurm, "-" if r["vm_id"] is None else str(r["vm_id"]), state, r["ip"] or "-",
+                      r["host"] or "-", age(r["age_seconds"]), "; ".join(r["problems"])))
+    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(COLUMNS)]
+    out = []
+    for line in [COLUMNS, *cells]:
+        out.append("  ".join(v.ljust(widths[i]) for i, v in enumerate(line[:-1])) + "  " + line[-1])
+    return "\n".join(text.rstrip() for text in out)
+
+
+def table_rows(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | None,
+               nodes: Sequence[str] | None = None,
+               now: Callable[[], float] = time.time) -> list[dict[str, Any]]:
+    """Survey and diagnose: the rows of the status table."""
+    views = survey(config, cloud, states, nodes)
+    when = now()
+    return [row(v, diagnose(v, when, config.power.reconcile_grace, states is not None), when) for v in views]
+
+
+def prolog_line(config: Config) -> str | None:
+    """The footer: whether slurm.conf's PrologSlurmctld is ours (None when slurm.conf cannot be read)."""
+    if config.slurm.slurm_conf is None:
+        return None
+    try:
+        conf = read_slurm_conf(config.slurm.slurm_conf)
+    except PowerError:
+        return None
+    prolog = conf.params.get("prologslurmctld", "")
+    if os.path.basename(prolog) == PROLOG:
+        chain = f", then {config.slurm.prolog_chain}" if config.slurm.prolog_chain else ""
+        return f"PrologSlurmctld: {PROLOG}{chain} (a job starts as soon as its cloud nodes are up)"
+    return (f"PrologSlurmctld: {prolog or 'not set'}, not {PROLOG}: a job starts only at slurmctld's next "
+            "30 s check after its cloud nodes are up (see check)")
