@@ -236,7 +236,7 @@ def full_pool_query(config_path: Path) -> Callable[[], int]:
     cloud = OneCloud(config.opennebula)
 
     def query() -> int:
-        body = cloud.call("vmpool.infoextended", lambda s: s.raw("vmpool.infoextended", -2, -1, -1, -1))
+        body = cloud.call("vmpool.infoextended", lambda s: s.call("vmpool.infoextended", -2, -1, -1, -1))
         return len(vms_from_xml(str(body)))
 
     return query

@@ -27,7 +27,7 @@ RESUME_AFTER = 60
 
 
 class SlurmControl(Protocol):
-    """What power.py needs of Slurm."""
+    """What resume, suspend and reconcile need of Slurm."""
 
     def set_addresses(self, addresses: Mapping[str, str], instances: Mapping[str, int] | None = None) -> None:
         """Tell slurmctld each node's address (NodeAddr) and hostname, and its VM id where Slurm keeps it."""

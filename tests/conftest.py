@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
+from support import make_setup
+
+from opennebula_sim import running_simulator
 
 NETNS_ENV = "SLURM_NEBULA_POWER_TEST_NETNS"  # set once done (inherited by children); "off" disables it
 CLONE_NEWNET = 0x40000000
@@ -156,3 +160,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for cluster in list(SlurmCluster.live):
         cluster.stop()
 
+
+# ---- the simulator (most program tests) -------------------------------------------------------------
+
+
+@pytest.fixture
+def sim():
+    """A fast simulator on a free loopback port."""
+    with running_simulator(fast_config(), auth=AUTH) as handle:
+        yield handle
+
+
+@pytest.fixture
+def setup(tmp_path, sim):
+    """A deployment (config, auth file, fake scontrol) pointing at the simulator."""
+    return make_setup(tmp_path / "site", sim.endpoint, AUTH)

@@ -27,5 +27,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77"
 .venv/bin/python -m pip install -q -e '.[test]'
+# The layout's import rules, the lint and the types (README "Layout"): quick, and they fail the run.
+.venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }
+.venv/bin/ruff check --quiet .
+.venv/bin/mypy --no-error-summary
 # Two workers: most of the time goes to waiting on real slurmctld/slurmd, which overlaps well.
 exec .venv/bin/python -m pytest -n 2 "$@"

@@ -7,7 +7,7 @@ import pwd
 from pathlib import Path
 
 import pytest
-from simfixtures import AUTH, sim
+from simfixtures import AUTH
 from support import Setup, make_setup
 
 from slurm_nebula_power.cli import check

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from simfixtures import AUTH, setup, sim, vms_of
+from simfixtures import AUTH, vms_of
 from support import make_setup, run_env
 
 from slurm_nebula_power.cli.main import power_main, resume_fail_main, resume_main, suspend_main

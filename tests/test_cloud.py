@@ -10,12 +10,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from simfixtures import AUTH, sim
+from simfixtures import AUTH
 
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import OneConfig
 from slurm_nebula_power.errors import ActionRefused, TransientCloudError
-from slurm_nebula_power.model import Vm, vms_from_xml
+from slurm_nebula_power.model import ACTIVE, LCM_INIT, PENDING, RUNNING_LCM, Vm, vms_from_xml
 
 
 def cloud_for(endpoint: str = "http://127.0.0.1:9/RPC2", timeout: float = 5.0,
@@ -196,9 +196,9 @@ POOL = """<VM_POOL>
 
 def test_pool_documents_give_the_fields_the_programs_use() -> None:
     first, second = vms_from_xml(POOL)
-    assert first == Vm(id=7, name="gpu01", state=3, lcm_state=3, ip="10.0.0.1", host="h2", stime=100,
+    assert first == Vm(id=7, name="gpu01", state=ACTIVE, lcm_state=RUNNING_LCM, ip="10.0.0.1", host="h2", stime=100,
                        user_template={"SLURM_CLUSTER": "c1", "EMPTY": ""})
-    assert second == Vm(id=8, name="gpu02", state=1, lcm_state=0)
+    assert second == Vm(id=8, name="gpu02", state=PENDING, lcm_state=LCM_INIT)
 
 
 def test_one_vm_document_parses_like_a_pool_of_one() -> None:

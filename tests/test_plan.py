@@ -6,38 +6,43 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from slurm_nebula_power.model import TAG_CLUSTER, TAG_NODE, Vm, ours_by_node
+from slurm_nebula_power.model import LCM_NAMES, STATE_NAMES, TAG_CLUSTER, TAG_NODE, Vm, ours_by_node
 from slurm_nebula_power.plan import extra_template, next_down_action, plan_resume
 
 TAGS = {TAG_CLUSTER: "c1", TAG_NODE: "gpu01"}
 
 
-def vm(state: int, lcm: int = 0, vid: int = 1, host: str | None = "h1", **kw) -> Vm:
-    return Vm(id=vid, name=kw.get("name", "gpu01"), state=state, lcm_state=lcm, host=host,
+STATES = {name: number for number, name in STATE_NAMES.items()}
+LCM = {name: number for number, name in LCM_NAMES.items()}
+
+
+def vm(state: str, lcm: str = "LCM_INIT", vid: int = 1, host: str | None = "h1", **kw) -> Vm:
+    return Vm(id=vid, name=kw.get("name", "gpu01"), state=STATES[state], lcm_state=LCM[lcm], host=host,
               user_template=kw.get("tags", TAGS))
 
 
 @pytest.mark.parametrize(("vms", "action"), [
     ([], "instantiate"),
-    ([vm(8)], "resume"),             # POWEROFF
-    ([vm(9)], "resume"),             # UNDEPLOYED
-    ([vm(4)], "resume"),             # STOPPED
-    ([vm(5)], "resume"),             # SUSPENDED
-    ([vm(3, 16)], "resume"),         # ACTIVE/UNKNOWN
-    ([vm(2)], "release"),            # HOLD
-    ([vm(1)], "wait"),               # PENDING
-    ([vm(3, 2)], "wait"),            # BOOT
-    ([vm(3, 3)], "wait"),            # RUNNING
-    ([vm(3, 36)], "recreate"),       # BOOT_FAILURE
-    ([vm(3, 39)], "recreate"),       # PROLOG_FAILURE
-    ([vm(11)], "recreate"),          # CLONING_FAILURE
+    ([vm("POWEROFF")], "resume"),
+    ([vm("UNDEPLOYED")], "resume"),
+    ([vm("STOPPED")], "resume"),
+    ([vm("SUSPENDED")], "resume"),
+    ([vm("ACTIVE", "UNKNOWN")], "resume"),
+    ([vm("HOLD")], "release"),
+    ([vm("PENDING")], "wait"),
+    ([vm("ACTIVE", "BOOT")], "wait"),
+    ([vm("ACTIVE", "RUNNING")], "wait"),
+    ([vm("ACTIVE", "BOOT_FAILURE")], "recreate"),
+    ([vm("ACTIVE", "PROLOG_FAILURE")], "recreate"),
+    ([vm("CLONING_FAILURE")], "recreate"),
 ])
 def test_resume_plan_per_state(vms: list[Vm], action: str) -> None:
     assert plan_resume(vms).action == action
 
 
 def test_resume_keeps_the_best_vm_and_removes_duplicates() -> None:
-    running, failed, off = vm(3, 3, vid=7), vm(3, 36, vid=8), vm(8, vid=9)
+    running, failed = vm("ACTIVE", "RUNNING", vid=7), vm("ACTIVE", "BOOT_FAILURE", vid=8)
+    off = vm("POWEROFF", vid=9)
     plan = plan_resume([failed, running, off])
     assert plan.action == "wait" and plan.vm == running
     assert {v.id for v in plan.duplicates} == {8, 9}
@@ -45,30 +50,30 @@ def test_resume_keeps_the_best_vm_and_removes_duplicates() -> None:
 
 def test_identity_needs_name_and_both_tags() -> None:
     vms = [
-        vm(3, 3, vid=1),
-        vm(3, 3, vid=2, tags={}),                                     # untagged, same name
-        vm(3, 3, vid=3, tags={TAG_CLUSTER: "other", TAG_NODE: "gpu01"}),  # another cluster
-        vm(3, 3, vid=4, tags={TAG_CLUSTER: "c1", TAG_NODE: "gpu02"}),     # tags of another node
-        vm(6, vid=5),                                                 # DONE
+        vm("ACTIVE", "RUNNING", vid=1),
+        vm("ACTIVE", "RUNNING", vid=2, tags={}),                                     # untagged, same name
+        vm("ACTIVE", "RUNNING", vid=3, tags={TAG_CLUSTER: "other", TAG_NODE: "gpu01"}),  # another cluster
+        vm("ACTIVE", "RUNNING", vid=4, tags={TAG_CLUSTER: "c1", TAG_NODE: "gpu02"}),     # tags of another node
+        vm("DONE", vid=5),
     ]
     assert [v.id for v in ours_by_node(vms, "c1", ["gpu01"])["gpu01"]] == [1]
 
 
 @pytest.mark.parametrize(("action", "state", "lcm", "host", "escalate", "expected"), [
-    ("terminate", 3, 3, "h", False, "terminate"),
-    ("terminate", 3, 3, "h", True, "terminate-hard"),
-    ("terminate", 8, 0, "h", False, "terminate"),
-    ("terminate", 1, 0, None, False, "terminate"),
-    ("terminate", 3, 2, "h", False, None),           # BOOT: wait until it can be acted on
-    ("terminate", 3, 12, "h", False, None),          # SHUTDOWN already under way
-    ("terminate", 3, 36, "h", False, "terminate"),   # failure: freed at once
-    ("undeploy", 3, 3, "h", False, "undeploy"),
-    ("undeploy", 8, 0, "h", False, "undeploy"),
-    ("undeploy", 3, 3, "h", True, "undeploy-hard"),
-    ("undeploy", 1, 0, "h", False, None),            # PENDING after a resume of an undeployed VM: keep disks
-    ("undeploy", 1, 0, None, False, "terminate"),    # never deployed: nothing to keep
-    ("poweroff", 3, 3, "h", False, "poweroff"),
-    ("poweroff", 3, 3, "h", True, "poweroff-hard"),
+    ("terminate", "ACTIVE", "RUNNING", "h", False, "terminate"),
+    ("terminate", "ACTIVE", "RUNNING", "h", True, "terminate-hard"),
+    ("terminate", "POWEROFF", "LCM_INIT", "h", False, "terminate"),
+    ("terminate", "PENDING", "LCM_INIT", None, False, "terminate"),
+    ("terminate", "ACTIVE", "BOOT", "h", False, None),           # BOOT: wait until it can be acted on
+    ("terminate", "ACTIVE", "SHUTDOWN", "h", False, None),          # SHUTDOWN already under way
+    ("terminate", "ACTIVE", "BOOT_FAILURE", "h", False, "terminate"),   # failure: freed at once
+    ("undeploy", "ACTIVE", "RUNNING", "h", False, "undeploy"),
+    ("undeploy", "POWEROFF", "LCM_INIT", "h", False, "undeploy"),
+    ("undeploy", "ACTIVE", "RUNNING", "h", True, "undeploy-hard"),
+    ("undeploy", "PENDING", "LCM_INIT", "h", False, None),  # after a resume of an undeployed VM: keep disks
+    ("undeploy", "PENDING", "LCM_INIT", None, False, "terminate"),    # never deployed: nothing to keep
+    ("poweroff", "ACTIVE", "RUNNING", "h", False, "poweroff"),
+    ("poweroff", "ACTIVE", "RUNNING", "h", True, "poweroff-hard"),
 ])
 def test_suspend_next_action(action, state, lcm, host, escalate, expected) -> None:
     assert next_down_action(action, vm(state, lcm, host=host), escalate) == expected
@@ -87,3 +92,17 @@ def test_extra_template_carries_tags_jobs_and_whole_context() -> None:
     assert context.findtext("START_SCRIPT") == 'echo "<hi>" & x'
     assert context.findtext("SET_HOSTNAME") == "gpu01"
     assert context.findtext("SLURM_NODENAME") == "gpu01"
+
+
+def test_state_tables_match_pyone_and_the_simulator() -> None:
+    """The model's names are oned's: the same as pyone's enums and the simulator's own tables."""
+    import pyone
+
+    from opennebula_sim import states as S
+    from slurm_nebula_power import model
+
+    # 7 FAILED is obsolete in oned (never reported) and left out of both tables
+    assert {s.value: s.name for s in pyone.VM_STATE if s.value != 7} == model.STATE_NAMES
+    assert all(model.LCM_NAMES[s.value] == s.name for s in pyone.LCM_STATE)  # pyone stops at 68
+    assert model.LCM_NAMES == S.LCM_NAMES and model.STATE_NAMES == S.STATE_NAMES
+    assert model.FAILURE_LCM == {n for n, name in S.LCM_NAMES.items() if name.endswith("FAILURE")}

@@ -1,4 +1,4 @@
-"""power.py with in-memory fakes: the fail-safe paths that a real cloud cannot be made to take on demand."""
+"""resume with in-memory fakes: the fail-safe paths that a real cloud cannot be made to take on demand."""
 
 from __future__ import annotations
 

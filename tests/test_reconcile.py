@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 from opsupport import boot_node, ours, real_site, show
-from simfixtures import AUTH, fast_config, setup, sim
+from simfixtures import AUTH, fast_config
 from support import make_setup
 
+from opennebula_sim import states as S
 from slurm_nebula_power.cli import reconcile
 from slurm_nebula_power.cli.common import build_context
 from slurm_nebula_power.config import load_config
@@ -68,7 +69,7 @@ def test_orphan_within_grace_is_left(sim, setup, capsys) -> None:
     setup.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     code, out = run(setup, capsys)  # the default grace: 300 s
     assert (code, out.strip()) == (EXIT_OK, "nothing to repair")
-    assert sim.vm(young).state == 3
+    assert sim.vm(young).state == S.ACTIVE
 
 
 def test_node_up_whose_vm_is_gone_is_handed_back(sim, site, capsys) -> None:
@@ -129,7 +130,7 @@ def test_pending_vm_within_boot_timeout_is_left(sim, site, capsys) -> None:
     booting = sim.add_vm(name="gpu04", user_template=ours("gpu04"), state="PROLOG")
     site.set_nodes(show("gpu04 State=ALLOCATED+CLOUD+POWERING_UP"))
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
-    assert sim.vm(booting).state == 3
+    assert sim.vm(booting).state == S.ACTIVE
 
 
 def test_busy_node_is_skipped(sim, site, capsys) -> None:
@@ -141,7 +142,7 @@ def test_busy_node_is_skipped(sim, site, capsys) -> None:
         code, out = run(site, capsys)
     assert code == EXIT_OK
     assert out.splitlines() == ["gpu01: skipped, a resume or suspend holds its lock (next run)"]
-    assert sim.vm(orphan).state == 3
+    assert sim.vm(orphan).state == S.ACTIVE
 
 
 @pytest.mark.parametrize("state", ["IDLE+CLOUD+POWERING_DOWN", "IDLE+CLOUD+POWER_DOWN", "ALLOCATED+CLOUD",
@@ -150,14 +151,14 @@ def test_vm_of_a_node_not_powered_down_is_left(sim, site, capsys, state: str) ->
     vm = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
     site.set_nodes(show(f"gpu01 State={state}"))
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
-    assert sim.vm(vm).state == 3
+    assert sim.vm(vm).state == S.ACTIVE
 
 
 def test_powered_off_vm_of_a_poweroff_node_set_is_left(sim, site, capsys) -> None:
     vm = sim.add_vm(name="cpu01", user_template=ours("cpu01"), state="POWEROFF", template_id=1)
     site.set_nodes(show("cpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
-    assert sim.vm(vm).state == 8
+    assert sim.vm(vm).state == S.POWEROFF
 
 
 def test_node_unknown_to_slurm_and_stray_vms_are_never_acted_on(sim, site, capsys) -> None:
@@ -165,7 +166,7 @@ def test_node_unknown_to_slurm_and_stray_vms_are_never_acted_on(sim, site, capsy
     stray = sim.add_vm(name="old9", user_template=ours("old9"), state="RUNNING")
     site.set_nodes("")
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
-    assert sim.vm(mine).state == 3 and sim.vm(stray).state == 3
+    assert sim.vm(mine).state == S.ACTIVE and sim.vm(stray).state == S.ACTIVE
 
 
 def test_hostlist_limits_the_nodes(sim, site, capsys) -> None:
@@ -173,7 +174,7 @@ def test_hostlist_limits_the_nodes(sim, site, capsys) -> None:
     b = sim.add_vm(name="gpu02", user_template=ours("gpu02"), state="RUNNING")
     site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
     code, _ = run(site, capsys, "gpu02")
-    assert code == EXIT_OK and sim.vm(a).state == 3 and sim.vm(b).state == DONE
+    assert code == EXIT_OK and sim.vm(a).state == S.ACTIVE and sim.vm(b).state == DONE
 
 
 def test_unreachable_controller_changes_nothing_and_exits_4(sim, site, capsys) -> None:
@@ -182,7 +183,7 @@ def test_unreachable_controller_changes_nothing_and_exits_4(sim, site, capsys) -
     (site.scontrol_dir / "scontrol.rc").write_text("1")
     assert reconcile.main([], site.env) == 4
     assert "scontrol show node -o failed" in capsys.readouterr().err
-    assert sim.vm(orphan).state == 3 and "one.vm.action" not in sim.stats()["calls"]
+    assert sim.vm(orphan).state == S.ACTIVE and "one.vm.action" not in sim.stats()["calls"]
 
 
 # ---- the real controller ----------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from opsupport import ours
 from reliability_support import PROGRAMS, run_program, site, tune
-from simfixtures import sim
 from test_cli import BAD_HOSTLISTS
 
 from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_USAGE

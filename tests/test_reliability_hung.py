@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from opsupport import show
 from reliability_support import gpu_holders, live_ours, run_program, settle, site, tune
-from simfixtures import AUTH, sim
+from simfixtures import AUTH
 from support import make_setup
 from test_cli import HungEndpoint
 

@@ -4,14 +4,12 @@ per node, and a lock whose holder was killed with SIGKILL blocks nobody.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import time
 
 import pytest
 from reliability_support import finish, held, launch, live_ours, lock_is_held, settle, site
-from simfixtures import sim
 
 from opennebula_sim import states as S
 from slurm_nebula_power.cli.main import resume_main

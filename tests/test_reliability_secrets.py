@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyone
 from opsupport import show
 from reliability_support import run_program, site
-from simfixtures import AUTH, sim
+from simfixtures import AUTH
 
 from slurm_nebula_power.cli import reconcile
 from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from simfixtures import AUTH, calls, setup, sim, vms_of
+from simfixtures import AUTH, calls, vms_of
 from support import make_setup
 
+from opennebula_sim import states as S
 from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 
@@ -58,7 +59,7 @@ def test_resume_of_a_stopped_vm_resumes_it(sim, setup, off) -> None:
     import pyone
 
     pyone.OneServer(sim.endpoint, session=AUTH).vm.action(off, vm.id)
-    sim.wait_for(lambda: sim.vm(vm.id).state in (4, 5, 8, 9), 10)
+    sim.wait_for(lambda: sim.vm(vm.id).state in (S.STOPPED, S.SUSPENDED, S.POWEROFF, S.UNDEPLOYED), 10)
     assert resume_main(["gpu01"], setup.env) == EXIT_OK
     [again] = vms_of(sim, "gpu01")
     assert again.id == vm.id and state(again) == RUNNING
@@ -71,7 +72,7 @@ def test_failed_vm_is_recreated(sim, setup) -> None:
     assert resume_main(["gpu01"], setup.env) == EXIT_OK
     [new] = vms_of(sim, "gpu01")
     assert new.id != vm.id and state(new) == RUNNING
-    assert sim.vm(vm.id).state == 6
+    assert sim.vm(vm.id).state == S.DONE
     assert sum(h.gpus_total - h.gpus_free for h in sim.hosts()) == 1  # the failed VM's GPU was freed
 
 
@@ -82,7 +83,7 @@ def test_foreign_vm_with_the_node_name_is_never_touched(sim, setup) -> None:
     assert resume_main(["gpu[01-02]"], setup.env) == EXIT_OK
     for foreign_id in (foreign, other_cluster):
         fid = foreign_id if isinstance(foreign_id, int) else foreign_id.id
-        assert sim.vm(fid).state == 8, "a VM without our tags stays as it was"
+        assert sim.vm(fid).state == S.POWEROFF, "a VM without our tags stays as it was"
     for node in ("gpu01", "gpu02"):
         ours = [v for v in vms_of(sim, node) if v.user_template.get("SLURM_CLUSTER") == "testcluster"]
         assert len(ours) == 1 and state(ours[0]) == RUNNING
@@ -116,11 +117,11 @@ def test_no_free_gpu_fails_fast_terminates_and_hands_back(tmp_path) -> None:
         setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
             '[[nodeset]]\nnodes = "gpu[01-03]"\ntemplate = "slurm-gpu-worker"\nboot_timeout = 2\n'))
         assert resume_main(["gpu[01-03]"], setup.env) == EXIT_NODES_FAILED
-        live = [v for v in sim.vms() if v.state != 6]
+        live = [v for v in sim.vms() if v.state != S.DONE]
         assert len(live) == 2 and all(state(v) == RUNNING for v in live)
-        assert not [v for v in sim.vms() if v.state == 1], "no VM is left PENDING"
+        assert not [v for v in sim.vms() if v.state == S.PENDING], "no VM is left PENDING"
         [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
-        failed = {v.name for v in sim.vms() if v.state == 6}
+        failed = {v.name for v in sim.vms() if v.state == S.DONE}
         assert handback[0] == f"NodeName={failed.pop()}"
         assert any(a.startswith("Reason=nebula: no host with a free GPU") for a in handback)
         assert "SCHED_MESSAGE" not in setup.log_text() or "no host with a free GPU" in setup.log_text()
@@ -131,7 +132,7 @@ def test_boot_failure_is_recreated_then_handed_back(sim, setup) -> None:
     assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
     gpu01 = [v for v in sim.vms() if v.name == "gpu01"]
     assert len(gpu01) == 2, "one recreation (recreate_attempts = 1)"
-    assert all(v.state == 6 for v in gpu01), "every failed VM is terminated"
+    assert all(v.state == S.DONE for v in gpu01), "every failed VM is terminated"
     assert all(h.gpus_free == h.gpus_total for h in sim.hosts())
     [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
     assert handback[0] == "NodeName=gpu01" and any("failed to boot" in a for a in handback)

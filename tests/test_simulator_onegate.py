@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -12,7 +10,7 @@ from pathlib import Path
 
 import pyone
 import pytest
-from simfixtures import AUTH, setup, sim, vms_of
+from simfixtures import AUTH, vms_of
 from support import make_setup
 
 from opennebula_sim import Durations, SimConfig, running_simulator

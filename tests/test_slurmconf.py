@@ -6,7 +6,7 @@ import os
 import textwrap
 
 import pytest
-from simfixtures import AUTH, setup, sim
+from simfixtures import AUTH
 from support import make_setup
 
 from slurm_nebula_power.cli import slurm_conf as slurmconf

@@ -6,13 +6,13 @@ import json
 
 import pytest
 from opsupport import boot_node, ours, real_site, show
-from simfixtures import AUTH, fast_config, setup, sim
+from simfixtures import AUTH, fast_config
 from support import make_setup
 
 from slurm_nebula_power import drift, statustable
 from slurm_nebula_power.cli import status
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
-from slurm_nebula_power.model import Vm
+from slurm_nebula_power.model import ACTIVE, RUNNING_LCM, Vm
 from slurm_nebula_power.slurm import NodeState
 
 ORPHAN = "VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"
@@ -199,7 +199,7 @@ def test_phase(state: str, where: str) -> None:
 def test_diagnose_respects_grace_by_vm_age() -> None:
     from slurm_nebula_power.config import NodeSet
 
-    vm = Vm(id=1, name="n1", state=3, lcm_state=3, stime=1000)
+    vm = Vm(id=1, name="n1", state=ACTIVE, lcm_state=RUNNING_LCM, stime=1000)
     off = NodeState("n1", "IDLE+CLOUD+POWERED_DOWN")
     view = drift.NodeView("n1", NodeSet("n1", ("n1",), "t"), off, [vm])
     assert drift.diagnose(view, now=1100, grace=300).repair is None
@@ -224,3 +224,15 @@ def test_status_against_the_real_controller(sim, tmp_path, slurm_factory, capsys
     assert found["gpu02"]["slurm_state"] == "IDLE+CLOUD"
     assert found["gpu02"]["problems"] == ["node up in Slurm but it has no VM"]
     assert (found["gpu03"]["slurm_state"], found["gpu03"]["problems"]) == ("IDLE+CLOUD+POWERED_DOWN", [])
+
+
+@pytest.mark.parametrize("state", ["DOWN+CLOUD", "DOWN*+CLOUD", "IDLE*+DRAIN+CLOUD"])
+def test_a_down_or_drained_node_is_a_problem_also_when_not_responding(sim, setup, capsys, state) -> None:
+    # scontrol appends '*' to the base state of a node that does not respond: DOWN* is the DOWN that
+    # matters most (its slurmd is gone), and status once missed it.
+    sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    setup.set_nodes(show(f"gpu01 State={state} Reason=Not_responding"))
+    code, found = rows(capsys, setup.env, "gpu01")
+    assert code == EXIT_NODES_FAILED
+    word = "DRAIN" if "DRAIN" in state else "DOWN"
+    assert f"Slurm {word}: Not_responding" in found["gpu01"]["problems"]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pyone
-from simfixtures import AUTH, calls, setup, sim, vms_of
+from simfixtures import AUTH, calls, vms_of
 
+from opennebula_sim import states as S
 from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_OK
 
@@ -19,7 +20,7 @@ def test_suspend_terminates_and_frees_the_gpus(sim, setup) -> None:
     assert suspend_main(["gpu[01-03]"], setup.env) == EXIT_OK
     assert [vms_of(sim, f"gpu0{i}") for i in (1, 2, 3)] == [[], [], []]
     assert gpus_held(sim) == 0
-    assert all(not vm.ip or vm.state == 6 for vm in sim.vms())
+    assert all(not vm.ip or vm.state == S.DONE for vm in sim.vms())
 
 
 def test_suspend_uses_the_nodesets_action(sim, setup) -> None:
@@ -39,10 +40,10 @@ def test_suspend_waits_for_a_booting_vm_then_terminates_it(sim, setup) -> None:
     assert resume_main(["gpu01"], setup.env) == EXIT_OK
     [vm] = vms_of(sim, "gpu01")
     client.vm.action("poweroff", vm.id)
-    sim.wait_for(lambda: sim.vm(vm.id).state == 8, 10)
+    sim.wait_for(lambda: sim.vm(vm.id).state == S.POWEROFF, 10)
     client.vm.action("resume", vm.id)  # now in BOOT_POWEROFF: terminate is refused until RUNNING
     assert suspend_main(["gpu01"], setup.env) == EXIT_OK
-    assert sim.vm(vm.id).state == 6
+    assert sim.vm(vm.id).state == S.DONE
     assert "in ACTIVE/BOOT_POWEROFF: waiting until it can be acted on" in setup.log_text()
 
 
