@@ -201,13 +201,16 @@ class Simulator:
             vm.touch()
 
     def add_vm(self, name: str = "", user_template: dict[str, str] | None = None, state: str = "RUNNING",
-               uid: int = 0, template_id: int = 0, host: str | None = None) -> int:
+               uid: int = 0, template_id: int = 0, host: str | None = None,
+               context: dict[str, str] | None = None) -> int:
         """Inject a VM already in `state` (a STATE or an LCM name), holding host resources as such a VM would.
 
-        Its user_template keys are given as an instantiate extra template would give them.
-        No hook runs for it.
+        Its user_template keys are given as an instantiate extra template would give them; a context
+        replaces the template's CONTEXT, as an instantiate's CONTEXT does. No hook runs for it.
         """
         extra: Template = {k.upper(): [str(v)] for k, v in (user_template or {}).items()}
+        if context is not None:
+            extra["CONTEXT"] = [{k.upper(): str(v) for k, v in context.items()}]
         with self.cloud.lock:
             vm = self.cloud.locked_allocate(template_id, name, False, extra, self.cloud.user_for(uid),
                                             state=S.INIT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -13,11 +14,18 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
-from .model import TAG_CLUSTER, Vm, vms_from_xml
+from .model import Vm, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def _parse_pool(text: object) -> list[Vm]:
+    try:
+        return vms_from_xml(str(text))
+    except ET.ParseError as exc:
+        raise TransientCloudError(f"[one.vmpool.infoextended] unreadable pool document: {exc}") from None
 
 
 @dataclass
@@ -50,7 +58,8 @@ class OneCloud:
         rpc: OneRpc | None = getattr(self._local, "rpc", None)
         if rpc is None:
             one = self.config
-            rpc = self._local.rpc = OneRpc(one.endpoint, one.session, one.timeout, self._tls)
+            rpc = self._local.rpc = OneRpc(one.endpoint, one.session, one.timeout, self._tls,
+                                           int(one.max_answer_mb * (1 << 20)))
         return rpc
 
     def call(self, what: str, fn: Callable[[OneRpc], T], retry: bool = True,
@@ -100,14 +109,14 @@ class OneCloud:
     # -- queries --
 
     def cluster_vms(self, cluster: str) -> list[Vm]:
-        """One pool query: our user's live VMs (not DONE) tagged with our cluster, full bodies.
+        """One pool query: our user's live VMs (not DONE), full bodies; identity is the caller's to check.
 
         Filter flag -3 (the caller's own VMs) keeps the answer small on a busy cloud.  oned's
         KEY=VALUE filter argument is not used: it is a MySQL full-text search that fails on SQLite
-        front ends.  Identity (name + tags) is checked by the caller on every VM.
+        front ends.  Every VM of the user is returned, so VMs named like our nodes that fail identity
+        can be reported; a document that does not parse is a transient error, retried like any other.
         """
-        text = self.call("vmpool.infoextended", lambda s: s.call("vmpool.infoextended", -3, -1, -1, -1))
-        return [vm for vm in vms_from_xml(str(text)) if vm.user_template.get(TAG_CLUSTER) == cluster]
+        return self.call("vmpool.infoextended", lambda s: _parse_pool(s.call("vmpool.infoextended", -3, -1, -1, -1)))
 
     def template_id(self, ref: str | int) -> int:
         """A template's numeric id, from its id or its name (one templatepool query)."""

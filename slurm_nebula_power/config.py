@@ -34,6 +34,7 @@ class OneConfig:
     retry_seconds: float = 60.0
     retry_backoff: float = 0.2
     https_verify: bool = True
+    max_answer_mb: float = 128.0
 
     @property
     def user(self) -> str:
@@ -174,6 +175,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "retry_seconds": Key(NUMBER, 60.0, _positive),
         "retry_backoff": Key(NUMBER, 0.2, _positive),
         "https_verify": Key((bool,), True),
+        # A 10,000-VM pool answer of full VM bodies is ~60 MB (about 6 KB a VM, escaped in XML-RPC).
+        "max_answer_mb": Key(NUMBER, 128.0, _positive),
     },
     "slurm": {
         "cluster": Key((str,), None),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from .config import Config, NodeSet
 from .errors import SlurmError
 from .locks import NodeLocks
-from .model import PENDING, Vm
+from .model import DONE, PENDING, Vm
 from .operation import Cloud, Context, Outcome
 from .plan import SATISFIED, counting_vm
 from .slurm import OFF, STARTING, UP, NodeState
@@ -41,6 +41,7 @@ class NodeView:
     nodeset: NodeSet | None
     slurm: NodeState | None  # None: unknown to slurmctld (or Slurm not asked)
     vms: list[Vm] = field(default_factory=list)  # ours, live
+    impostors: list[Vm] = field(default_factory=list)  # named like the node, failing identity: never touched
 
     @property
     def vm(self) -> Vm | None:
@@ -55,8 +56,10 @@ def survey(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | None,
     wanted = list(nodes) if nodes is not None else config.all_nodes
     views = {node: NodeView(node, config.nodeset_for(node), (states or {}).get(node)) for node in wanted}
     for vm in cloud.cluster_vms(cluster):
-        if not vm.is_ours(cluster, vm.name):
-            continue  # foreign: never listed, never touched
+        if vm.is_impostor(cluster, views):
+            views[vm.name].impostors.append(vm)
+        if vm.state == DONE or not vm.is_ours(cluster, vm.name):
+            continue  # foreign: never touched
         if vm.name not in views and nodes is None:
             views[vm.name] = NodeView(vm.name, None, (states or {}).get(vm.name))
         if vm.name in views:
@@ -85,6 +88,12 @@ def _pending_why(vm: Vm) -> str:
     return ": no host with a free GPU" if vm.state == PENDING and vm.sched_message else ""
 
 
+def impostor_problem(vm: Vm) -> str:
+    """What status and reconcile say of a VM named like the node that fails identity."""
+    return (f"VM {vm.id} ({vm.state_name}) is named {vm.name} but its CONTEXT does not make it ours "
+            "(made by hand, or not by this cluster): left alone, remove it with onevm terminate if it is a leak")
+
+
 def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True) -> Diagnosis:
     """What is wrong with one node; the repair follows the reconcile rules (the module docstring)."""
     nodeset, vm, st = view.nodeset, view.vm, view.slurm
@@ -93,7 +102,7 @@ def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True)
             return Diagnosis(("in no [[nodeset]] of the configuration",))
         return Diagnosis((f"VM {vm.id} tagged for this cluster but the node is in no [[nodeset]]: "
                           "left alone",))
-    problems: list[str] = []
+    problems: list[str] = [impostor_problem(vm) for vm in view.impostors]
     if len(view.vms) > 1:
         ids = ", ".join(str(i) for i in sorted(v.id for v in view.vms))
         problems.append(f"{len(view.vms)} VMs for one node: {ids}")
@@ -158,10 +167,15 @@ def describe(repair: Repair) -> str:
 
 
 def _plan(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]], nodes: Sequence[str] | None,
-          now: float) -> list[tuple[NodeView, Diagnosis]]:
+          now: float, emit: Callable[[str], None] | None = None) -> list[tuple[NodeView, Diagnosis]]:
     # Slurm first, then OpenNebula: a suspend that starts after the Slurm read still waits for our lock.
     states = read_states()
     views = survey(ctx.config, ctx.cloud, states, nodes)
+    if emit is not None:
+        for view in views:
+            for vm in view.impostors:  # reported every run, never acted on
+                log.warning("node=%s vm=%d: %s", view.node, vm.id, impostor_problem(vm))
+                emit(f"{view.node}: {impostor_problem(vm)}")
     found = [(view, diagnose(view, now, ctx.config.power.reconcile_grace)) for view in views]
     return [(view, diagnosis) for view, diagnosis in found if diagnosis.repair is not None]
 
@@ -171,7 +185,7 @@ def reconcile(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]],
               now: Callable[[], float] = time.time, lock_wait: float = LOCK_WAIT) -> Outcome:
     """Find drift and repair it (or, with dry_run, say what would be done); one line per node to emit."""
     outcome = Outcome()
-    todo = _plan(ctx, read_states, nodes, now())
+    todo = _plan(ctx, read_states, nodes, now(), emit)
     if not todo:
         emit("nothing to repair")
         return outcome
@@ -194,7 +208,9 @@ def reconcile(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]],
 def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outcome,
             emit: Callable[[str], None]) -> None:
     repairs = {view.node: diagnosis.repair for view, diagnosis in todo if diagnosis.repair is not None}
-    problems = {view.node: "; ".join(diagnosis.problems) for view, diagnosis in todo}
+    problems = {view.node: "; ".join(p for p in diagnosis.problems
+                                     if p not in {impostor_problem(vm) for vm in view.impostors})
+                for view, diagnosis in todo}  # impostors were reported on their own lines
     for node, repair in repairs.items():
         log.warning("node=%s reconcile: %s -> %s", node, problems[node], describe(repair))
     doomed = [node for node, repair in repairs.items() if repair.terminate]

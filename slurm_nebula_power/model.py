@@ -4,9 +4,11 @@ parser of oned's pool documents. No pyone here: status, planning and the tests r
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 # VM STATE numbers (include/VirtualMachine.h, VmState)
@@ -44,6 +46,29 @@ TAG_JOBS = "SLURM_JOB_IDS"
 TAG_MANAGER = "SLURM_NEBULA_POWER"
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """Text from outside (OpenNebula's answers, a guest's updates) made safe for one log line or one Slurm
+    Reason: control characters, newlines included, become escapes, so no line or record can be forged."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+_ADDRESS_CHARS = re.compile(r"[0-9A-Fa-f.:]{2,45}")
+
+
+def valid_ip(text: str | None) -> bool:
+    """An IPv4 or IPv6 address as slurmctld takes it for NodeAddr (nothing else: no list, no brackets)."""
+    if not text or not _ADDRESS_CHARS.fullmatch(text):  # no IPv6 scope (%eth0): it may hold anything
+        return False
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def lcm_name(lcm: int) -> str:
     """LCM_STATE number -> oned's name."""
     return LCM_NAMES.get(lcm, f"LCM_{lcm}")
@@ -66,6 +91,7 @@ class Vm:
     host: str | None = None
     stime: int = 0
     user_template: Mapping[str, str] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)  # TEMPLATE/CONTEXT (not USER_TEMPLATE/CONTEXT)
 
     @property
     def state_name(self) -> str:
@@ -104,9 +130,22 @@ class Vm:
         return str(self.user_template.get("SCHED_MESSAGE", ""))
 
     def is_ours(self, cluster: str, node: str) -> bool:
-        """Identity: NAME is the node name AND our tags name this cluster and node."""
-        return (self.name == node and self.user_template.get(TAG_NODE) == node
-                and self.user_template.get(TAG_CLUSTER) == cluster)
+        """Identity, from what a guest cannot write: NAME is the node AND the CONTEXT set at instantiate names
+        this cluster and node (TEMPLATE/CONTEXT; OneGate writes only USER_TEMPLATE).
+
+        VMs made before CONTEXT carried SLURM_CLUSTER (0.1.0) have the cluster only in USER_TEMPLATE: they
+        count while that tag is unchanged; a guest that rewrites it makes them impostors, reported."""
+        if self.name != node or self.context.get(TAG_NODE) != node:
+            return False
+        claimed = self.context.get(TAG_CLUSTER)
+        return claimed == cluster or (claimed is None and self.user_template.get(TAG_CLUSTER) == cluster)
+
+    def is_impostor(self, cluster: str, nodes: Container[str]) -> bool:
+        """Named like one of our nodes but failing identity, and not another cluster's by its CONTEXT: a VM
+        made by hand, or one a guest detached. Reported by status and reconcile, never acted on."""
+        if self.name not in nodes or self.state == DONE or self.is_ours(cluster, self.name):
+            return False
+        return self.context.get(TAG_CLUSTER) in (None, cluster)
 
 
 def ours_by_node(vms: Iterable[Vm], cluster: str, nodes: Iterable[str]) -> dict[str, list[Vm]]:
@@ -141,6 +180,7 @@ def _vm_from_element(vm: ET.Element) -> Vm:
     ip: str | None = None
     host: str | None = None
     tags: dict[str, str] | None = None
+    context: dict[str, str] | None = None
     for child in vm:
         tag = child.tag
         if tag in _VM_FIELDS:
@@ -149,6 +189,10 @@ def _vm_from_element(vm: ET.Element) -> Vm:
             # the first TEMPLATE/NIC/IP in document order, as findtext would give it
             for nic in child.iterfind("NIC"):
                 ip = ip or nic.findtext("IP") or None
+            # by its full path: a guest's OneGate update lands as USER_TEMPLATE/CONTEXT, never here
+            found = child.find("CONTEXT")
+            if found is not None and context is None:
+                context = {item.tag: item.text or "" for item in found if len(item) == 0}
         elif tag == "USER_TEMPLATE" and tags is None:
             tags = {item.tag: item.text or "" for item in child if len(item) == 0}
         elif tag == "HISTORY_RECORDS":
@@ -156,4 +200,5 @@ def _vm_from_element(vm: ET.Element) -> Vm:
                 host = name.text or None  # the last record is where the VM is (or was)
     return Vm(id=int(fields.get("ID") or -1), name=fields.get("NAME") or "",
               state=int(fields.get("STATE") or 0), lcm_state=int(fields.get("LCM_STATE") or 0),
-              ip=ip, host=host, stime=int(fields.get("STIME") or 0), user_template=tags or {})
+              ip=ip, host=host, stime=int(fields.get("STIME") or 0), user_template=tags or {},
+              context=context or {})

@@ -8,11 +8,14 @@ kept-alive connection, cheap parsing). Calls are made once; retries belong to cl
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import http.client
 import select
 import socket
 import ssl
 import threading
+import time
 import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
@@ -31,19 +34,28 @@ AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION = 0x100, 0x200, 0x400, 0x800
 XML_RPC_API, INTERNAL, ALLOCATE, LOCKED = 0x1000, 0x2000, 0x4000, 0x8000
 
 
+class AnswerTooLarge(Exception):
+    """An answer above the configured bound (max_answer_mb)."""
+
+
 class Transport(xmlrpc.client.Transport):
-    """XML-RPC over http.client: a real per-call timeout, one kept-alive connection, cheap parsing.
+    """XML-RPC over http.client: a wall-clock bound per call, a bounded answer size, one kept-alive
+    connection, cheap parsing.
 
     pyone's own transport goes through requests (about 1 ms of CPU per call, and its timeout= is
     ignored); xmlrpc.client's reads answers in 1 KiB pieces and hands expat's text to Python in
     pieces as small as one entity: a 1,000-VM pool document, escaped inside the XML-RPC string,
-    made ~900,000 calls into the unmarshaller.  Each call is one attempt (xmlrpc.client's own
-    request() silently repeats a call after a reset).
+    made ~900,000 calls into the unmarshaller.  A socket timeout bounds each read, not the call: a peer
+    that sends a byte a second would hold a call for ever, so the watchdog shuts the socket down when
+    the call's time is up.  Each call is one attempt (xmlrpc.client's own request() silently repeats a
+    call after a reset).
     """
 
-    def __init__(self, timeout: float, ssl_context: Callable[[], ssl.SSLContext] | None) -> None:
+    def __init__(self, timeout: float, ssl_context: Callable[[], ssl.SSLContext] | None,
+                 max_answer: int = 64 << 20) -> None:
         super().__init__()
         self.timeout = timeout
+        self.max_answer = max_answer
         self.ssl_context = ssl_context  # None: plain http
         self.kept: tuple[str, http.client.HTTPConnection] | None = None
 
@@ -63,24 +75,38 @@ class Transport(xmlrpc.client.Transport):
         return conn
 
     def request(self, host: Any, handler: str, request_body: Any, verbose: bool = False) -> Any:
-        """POST one call and parse the answer; any failure closes the connection."""
+        """POST one call and parse the answer within the timeout; any failure closes the connection."""
         conn = self.connection(str(host))
+        alarm = WATCHDOG.arm(conn, self.timeout)
         try:
             conn.request("POST", handler, body=request_body,
                          headers={"Content-Type": "text/xml", "User-Agent": f"slurm-nebula-power/{__version__}"})
             response = conn.getresponse()
             if response.status != 200:
-                response.read()
+                response.read(65536)
                 raise xmlrpc.client.ProtocolError(f"{host}{handler}", response.status, response.reason,
                                                   dict(response.getheaders()))
             return self.parse_response(response)
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if alarm.fired:
+                raise TimeoutError("no answer within the timeout") from exc
             raise
+        finally:
+            WATCHDOG.disarm(alarm)
 
     def parse_response(self, response: Any) -> Any:
-        """Read the whole answer, parse it in one go, with expat's text delivered whole."""
-        body = response.read()
+        """Read the whole answer (at most max_answer bytes), parse it in one go, expat's text whole."""
+        length = response.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > self.max_answer:
+            raise AnswerTooLarge(f"answer of {int(length)} bytes is above max_answer_mb")
+        pieces, size = [], 0
+        while piece := response.read(1 << 20):
+            size += len(piece)
+            if size > self.max_answer:
+                raise AnswerTooLarge(f"answer above max_answer_mb ({self.max_answer >> 20} MiB)")
+            pieces.append(piece)
+        body = b"".join(pieces)
         unmarshaller = xmlrpc.client.Unmarshaller()
         parser = expat.ParserCreate(None, None)
         parser.StartElementHandler = unmarshaller.start
@@ -97,6 +123,77 @@ class Transport(xmlrpc.client.Transport):
         if self.kept is not None:
             self.kept[1].close()
             self.kept = None
+
+
+class _Alarm:
+    __slots__ = ("conn", "deadline", "fired")
+
+    def __init__(self, conn: http.client.HTTPConnection | None, deadline: float) -> None:
+        self.conn = conn
+        self.deadline = deadline
+        self.fired = False
+
+
+class Watchdog:
+    """One thread for the whole process: shuts down the socket of every call whose time is up.
+
+    Cheaper than a timer thread per call (1,000-node runs make 1,000 calls); the blocked read then
+    returns at once and the call fails with a timeout.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._alarms: list[tuple[float, int, _Alarm]] = []
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, conn: http.client.HTTPConnection, seconds: float) -> _Alarm:
+        """Watch conn for the next `seconds`."""
+        alarm = _Alarm(conn, time.monotonic() + seconds)
+        with self._cond:
+            self._count += 1
+            heapq.heappush(self._alarms, (alarm.deadline, self._count, alarm))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="onerpc-watchdog", daemon=True)
+                self._thread.start()
+            elif self._alarms[0][2] is alarm:
+                self._cond.notify()
+        return alarm
+
+    def disarm(self, alarm: _Alarm) -> None:
+        """The call ended: forget it (its entry is skipped when it comes due). Under the lock, so a socket
+        is never shut down after its call has ended (the kept-alive connection serves the next call)."""
+        with self._cond:
+            alarm.conn = None
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._alarms and (self._alarms[0][2].conn is None or self._alarms[0][0] <= now):
+                    _, _, alarm = heapq.heappop(self._alarms)
+                    if alarm.conn is None:
+                        continue
+                    alarm.fired = True
+                    if not _shut(alarm.conn):  # still connecting: try again in a moment
+                        alarm.deadline = now + 0.05
+                        self._count += 1
+                        heapq.heappush(self._alarms, (alarm.deadline, self._count, alarm))
+                        break
+                self._cond.wait(max(0.0, self._alarms[0][0] - now) if self._alarms else None)
+
+
+def _shut(conn: http.client.HTTPConnection) -> bool:
+    """Shut the connection's socket down (a blocked read returns at once); False when it has none yet."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    return True
+
+
+WATCHDOG = Watchdog()
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
@@ -135,9 +232,9 @@ class OneRpc:
     """
 
     def __init__(self, endpoint: str, session: str, timeout: float,
-                 tls: Callable[[], ssl.SSLContext] | None) -> None:
+                 tls: Callable[[], ssl.SSLContext] | None, max_answer: int = 64 << 20) -> None:
         self.session = session
-        self.transport = Transport(timeout, tls)
+        self.transport = Transport(timeout, tls, max_answer)
         self.proxy = xmlrpc.client.ServerProxy(endpoint, transport=self.transport)
 
     def call(self, method: str, *params: Any) -> Any:
@@ -153,6 +250,8 @@ class OneRpc:
             raise error(f"[{name}] HTTP {exc.errcode} {exc.errmsg}") from None
         except TimeoutError:
             raise TransientCloudError(f"[{name}] no answer within the timeout") from None
+        except AnswerTooLarge as exc:
+            raise TransientCloudError(f"[{name}] refused: {exc}") from None
         except (OSError, http.client.HTTPException) as exc:  # refused, reset, closed early, TLS, DNS
             raise TransientCloudError(f"[{name}] connection failed: {type(exc).__name__}") from None
         except (xmlrpc.client.ResponseError, ValueError, ExpatError) as exc:

@@ -76,13 +76,15 @@ def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mappin
     """The extra template given at instantiate, in oned's XML form (values escaped, CDATA-free).
 
     oned's instantiate replaces a template attribute given again in the extra template, so CONTEXT
-    is sent whole: the template's own CONTEXT plus SET_HOSTNAME and SLURM_NODENAME.
+    is sent whole: the template's own CONTEXT plus SET_HOSTNAME, SLURM_NODENAME and SLURM_CLUSTER (the
+    identity). The USER_TEMPLATE tags are for people and the job ids; a guest may rewrite them.
     """
     def element(key: str, value: object) -> str:
         return f"<{key}>{escape(str(value))}</{key}>"
 
     merged = {str(k): v for k, v in context.items() if not isinstance(v, (dict, list))}
-    merged.update({"SET_HOSTNAME": node, TAG_NODE: node})
+    # Identity lives in CONTEXT, which a guest cannot rewrite (OneGate writes USER_TEMPLATE only).
+    merged.update({"SET_HOSTNAME": node, TAG_NODE: node, TAG_CLUSTER: cluster})
     parts = [element(TAG_CLUSTER, cluster), element(TAG_NODE, node), element(TAG_MANAGER, __version__)]
     if jobs:
         parts.append(element(TAG_JOBS, ",".join(str(j) for j in sorted(set(jobs)))))

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .hostlists import expand_trusted, fold
 from .shapes import RESUME_MARGIN
-from .slurm import NodeState, Scontrol
+from .slurm import UP_STATES, NodeState, Scontrol
 from .slurmconf import read_slurm_conf
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def classify(state: NodeState | None) -> tuple[str, str]:
     words = state.state + (f" Reason={state.reason}" if state.reason else "")
     if state.is_lost_to_job:
         return FAILED, words
-    if state.is_registering:
+    if state.is_registering or state.base not in UP_STATES:  # an empty or unknown state is never "up"
         return WAITING, words
     return UP, words
 

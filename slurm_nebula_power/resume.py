@@ -13,7 +13,7 @@ from .backoff import Backoff
 from .config import NodeSet
 from .errors import CloudError, SlurmError, first_line
 from .hostlists import fold
-from .model import PENDING, Vm, ours_by_node
+from .model import PENDING, Vm, ours_by_node, printable, valid_ip
 from .operation import (
     REASON_LENGTH,
     Context,
@@ -162,11 +162,9 @@ class _Resume:
             snapshot = self._snapshot(known, now, failures)
             if snapshot is None:
                 known, snapshot = [], {}
-            addresses: dict[str, str] = {}
+            known = self._set_addresses(known, snapshot, failures)
             for boot in known:
                 vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
-                if vm is not None and vm.ip and vm.ip != boot.addr:
-                    addresses[boot.node] = boot.addr = vm.ip
                 verdict = self._judge(boot, vm, now)
                 if verdict == "done":
                     self.outcome.done.append(boot.node)
@@ -176,11 +174,6 @@ class _Resume:
                     boot.future = self.pool.submit(self._start, boot, Plan("recreate", vm))
                 elif verdict:
                     failures[verdict].append(boot)
-            if addresses:
-                try:
-                    ctx.slurm.set_addresses(addresses, {b.node: b.vm_id for b in known if b.vm_id is not None})
-                except SlurmError as exc:
-                    log.error("could not set node addresses: %s", exc)
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
             settled = set(self.outcome.done) | {b.node for b in _flat(failures)}
@@ -217,6 +210,40 @@ class _Resume:
             return None
         self._remove_duplicates(known, ours_by_node(vms, ctx.cluster, (b.node for b in known)))
         return {vm.id: vm for vm in vms}
+
+    def _set_addresses(self, known: list[Boot], snapshot: Mapping[int, Vm],
+                       failures: dict[str, list[Boot]]) -> list[Boot]:
+        """Tell slurmctld the new addresses; the boots still to judge (a bad address or a refused update
+        fails its node: slurmctld rejects a whole batch for one bad value, and a node without its address
+        cannot register)."""
+        addresses: dict[str, str] = {}
+        fresh: list[Boot] = []
+        keep: list[Boot] = []
+        for boot in known:
+            vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
+            if vm is not None and vm.ip and not valid_ip(vm.ip):
+                log.error("node=%s vm=%d: OpenNebula's address %s is not an IP address", boot.node, vm.id,
+                          printable(repr(vm.ip)[:80]))
+                failures["OpenNebula gave the VM no valid IP address"].append(boot)
+                continue
+            if vm is not None and vm.ip and vm.ip != boot.addr:
+                addresses[boot.node] = vm.ip
+                fresh.append(boot)
+            keep.append(boot)
+        if not addresses:
+            return keep
+        instances = {b.node: b.vm_id for b in fresh if b.vm_id is not None}
+        for attempt in (1, 2):
+            try:
+                self.ctx.slurm.set_addresses(addresses, instances)
+            except SlurmError as exc:
+                log.error("could not set node addresses (attempt %d of 2): %s", attempt, exc)
+                continue
+            for boot in fresh:
+                boot.addr = addresses[boot.node]
+            return keep
+        failures["slurmctld refused the node address update"].extend(fresh)
+        return [b for b in keep if b.node not in addresses]
 
     def _pause(self, calls: Sequence[Future[int]], interval: float) -> None:
         """Until the next poll: until every call in flight has answered, else the interval.

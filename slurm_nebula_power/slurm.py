@@ -16,6 +16,7 @@ from typing import Protocol
 from .config import Config
 from .errors import PowerError, SlurmError
 from .hostlists import expand, fold
+from .model import printable
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ class Scontrol:
         down and stays down, until the node next registers.  23.02+ gets DOWN with ResumeAfter, which
         also keeps the reason and returns the node by itself.
         """
-        text = (REASON_PREFIX + reason)[:200]
+        text = printable(REASON_PREFIX + reason)[:200]  # one line: a newline would forge a record
         for start in range(0, len(nodes), BATCH):
             names = fold(nodes[start:start + BATCH])
             if self.version() >= (23, 2):

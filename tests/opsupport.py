@@ -14,6 +14,12 @@ def ours(node: str, cluster: str = "testcluster") -> dict[str, str]:
     return {"SLURM_CLUSTER": cluster, "SLURM_NODENAME": node}
 
 
+def ours_vm(node: str, cluster: str = "testcluster") -> dict[str, dict[str, str]]:
+    """add_vm arguments for a VM of ours as resume makes it: the identity in CONTEXT, the tags too."""
+    context = {"SLURM_NODENAME": node, "SLURM_CLUSTER": cluster, "SET_HOSTNAME": node}
+    return {"user_template": ours(node, cluster), "context": context}
+
+
 def show(*records: str) -> str:
     """`scontrol show node -o` output: one `NodeName=<record>` line each."""
     return "".join(f"NodeName={record}\n" for record in records)

@@ -64,10 +64,11 @@ def site(root: Path, sim: Any, nodes: str = "gpu[01-08]", boot_timeout: float = 
 
 
 def is_ours(vm: Any, cluster: str = CLUSTER) -> bool:
-    """The programs' identity rule: our user's VM (oneadmin, uid 0), NAME is the node, and the tags name
-    this cluster and that node."""
-    tags = vm.user_template
-    return vm.uid == 0 and tags.get("SLURM_CLUSTER") == cluster and tags.get("SLURM_NODENAME") == vm.name
+    """The programs' identity rule: our user's VM (oneadmin, uid 0), NAME is the node, and the CONTEXT set at
+    instantiate (which a guest cannot write) names this cluster and that node."""
+    context = vm.template.get("CONTEXT") or {}
+    context = context[0] if isinstance(context, list) else context
+    return vm.uid == 0 and context.get("SLURM_CLUSTER") == cluster and context.get("SLURM_NODENAME") == vm.name
 
 
 def live_ours(sim: Any) -> dict[str, list[Any]]:

@@ -39,6 +39,10 @@ elif sys.argv[1:3] == ["show", "job"]:
             print("slurm_load_jobs " + text, file=sys.stderr)
             sys.exit(1)
         print(text, end="")
+refuse = os.path.join(here, "scontrol.refuse")  # an argument holding this text is refused, like slurmctld
+if os.path.exists(refuse) and any(open(refuse).read().strip() in arg for arg in sys.argv[1:]):
+    print("slurm_update error: Invalid node name specified", file=sys.stderr)
+    sys.exit(1)
 rc_file = os.path.join(here, "scontrol.rc")
 sys.exit(int(open(rc_file).read() or 0) if os.path.exists(rc_file) else 0)
 """
@@ -73,6 +77,10 @@ class Setup:
     def set_version(self, version: str) -> None:
         """What `scontrol --version` prints."""
         (self.scontrol_dir / "scontrol.version").write_text(version + "\n")
+
+    def refuse(self, text: str) -> None:
+        """scontrol fails every call with an argument holding text (as slurmctld refuses a bad update)."""
+        (self.scontrol_dir / "scontrol.refuse").write_text(text)
 
     def set_nodes(self, text: str) -> None:
         """What `scontrol show node -o` prints."""

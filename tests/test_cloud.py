@@ -197,8 +197,19 @@ POOL = """<VM_POOL>
 def test_pool_documents_give_the_fields_the_programs_use() -> None:
     first, second = vms_from_xml(POOL)
     assert first == Vm(id=7, name="gpu01", state=ACTIVE, lcm_state=RUNNING_LCM, ip="10.0.0.1", host="h2", stime=100,
-                       user_template={"SLURM_CLUSTER": "c1", "EMPTY": ""})
+                       user_template={"SLURM_CLUSTER": "c1", "EMPTY": ""}, context={"ETH0_IP": "10.0.0.9"})
     assert second == Vm(id=8, name="gpu02", state=PENDING, lcm_state=LCM_INIT)
+
+
+def test_context_is_read_from_template_never_from_a_guests_user_template_copy() -> None:
+    # A guest's OneGate PUT of CONTEXT=[...] lands in USER_TEMPLATE/CONTEXT (real-oned.md): never identity.
+    doc = ("<VM><ID>1</ID><NAME>gpu01</NAME><STATE>3</STATE><LCM_STATE>3</LCM_STATE>"
+           "<USER_TEMPLATE><CONTEXT><SLURM_NODENAME>gpu01</SLURM_NODENAME><SLURM_CLUSTER>c1</SLURM_CLUSTER>"
+           "</CONTEXT><SLURM_CLUSTER>c1</SLURM_CLUSTER><SLURM_NODENAME>gpu01</SLURM_NODENAME></USER_TEMPLATE>"
+           "<TEMPLATE><CONTEXT><NETWORK>YES</NETWORK></CONTEXT></TEMPLATE></VM>")
+    [vm] = vms_from_xml(doc)
+    assert vm.context == {"NETWORK": "YES"}
+    assert not vm.is_ours("c1", "gpu01") and vm.is_impostor("c1", {"gpu01"})
 
 
 def test_one_vm_document_parses_like_a_pool_of_one() -> None:

@@ -17,8 +17,9 @@ LCM = {name: number for number, name in LCM_NAMES.items()}
 
 
 def vm(state: str, lcm: str = "LCM_INIT", vid: int = 1, host: str | None = "h1", **kw) -> Vm:
+    tags = kw.get("tags", TAGS)
     return Vm(id=vid, name=kw.get("name", "gpu01"), state=STATES[state], lcm_state=LCM[lcm], host=host,
-              user_template=kw.get("tags", TAGS))
+              user_template=kw.get("user_template", tags), context=tags)
 
 
 @pytest.mark.parametrize(("vms", "action"), [
@@ -48,15 +49,26 @@ def test_resume_keeps_the_best_vm_and_removes_duplicates() -> None:
     assert {v.id for v in plan.duplicates} == {8, 9}
 
 
-def test_identity_needs_name_and_both_tags() -> None:
+def test_identity_needs_name_and_both_context_tags() -> None:
     vms = [
         vm("ACTIVE", "RUNNING", vid=1),
-        vm("ACTIVE", "RUNNING", vid=2, tags={}),                                     # untagged, same name
+        vm("ACTIVE", "RUNNING", vid=2, tags={}),                                     # no identity, same name
         vm("ACTIVE", "RUNNING", vid=3, tags={TAG_CLUSTER: "other", TAG_NODE: "gpu01"}),  # another cluster
-        vm("ACTIVE", "RUNNING", vid=4, tags={TAG_CLUSTER: "c1", TAG_NODE: "gpu02"}),     # tags of another node
+        vm("ACTIVE", "RUNNING", vid=4, tags={TAG_CLUSTER: "c1", TAG_NODE: "gpu02"}),     # another node's
         vm("DONE", vid=5),
+        # a guest rewrote its USER_TEMPLATE (OneGate): CONTEXT still says it is ours
+        vm("ACTIVE", "RUNNING", vid=6, user_template={TAG_CLUSTER: "evil", TAG_NODE: "x"}),
     ]
-    assert [v.id for v in ours_by_node(vms, "c1", ["gpu01"])["gpu01"]] == [1]
+    assert [v.id for v in ours_by_node(vms, "c1", ["gpu01"])["gpu01"]] == [1, 6]
+    assert [v.id for v in vms if v.is_impostor("c1", {"gpu01"})] == [2, 4]
+
+
+def test_vms_made_before_context_identity_count_while_their_tags_hold() -> None:
+    legacy = Vm(id=1, name="gpu01", state=3, lcm_state=3, user_template=TAGS, context={TAG_NODE: "gpu01"})
+    assert legacy.is_ours("c1", "gpu01")
+    detached = Vm(id=2, name="gpu01", state=3, lcm_state=3, user_template={TAG_CLUSTER: "x"},
+                  context={TAG_NODE: "gpu01"})
+    assert not detached.is_ours("c1", "gpu01") and detached.is_impostor("c1", {"gpu01"})
 
 
 @pytest.mark.parametrize(("action", "state", "lcm", "host", "escalate", "expected"), [
@@ -92,6 +104,7 @@ def test_extra_template_carries_tags_jobs_and_whole_context() -> None:
     assert context.findtext("START_SCRIPT") == 'echo "<hi>" & x'
     assert context.findtext("SET_HOSTNAME") == "gpu01"
     assert context.findtext("SLURM_NODENAME") == "gpu01"
+    assert context.findtext("SLURM_CLUSTER") == "c1", "identity where a guest cannot write"
 
 
 def test_state_tables_match_pyone_and_the_simulator() -> None:

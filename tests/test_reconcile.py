@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from opsupport import boot_node, ours, real_site, show
+from opsupport import boot_node, ours_vm, real_site, show
 from simfixtures import AUTH, fast_config
 from support import make_setup
 
@@ -35,14 +35,17 @@ def site(sim, tmp_path):
     return make_setup(tmp_path / "site", sim.endpoint, AUTH, extra=NO_GRACE)
 
 
-def test_orphan_is_terminated_and_foreign_vm_left_alone(sim, site, capsys) -> None:
-    orphan = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+def test_orphan_is_terminated_and_foreign_vm_reported_and_left_alone(sim, site, capsys) -> None:
+    orphan = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     foreign = sim.add_vm(name="gpu01", user_template={}, state="RUNNING")
     site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     code, out = run(site, capsys)
     assert code == EXIT_OK
     what = "VM ACTIVE/RUNNING but node powered down"
-    assert out.splitlines() == [f"gpu01: {what} -> terminate VM {orphan}: done"]
+    assert out.splitlines() == [
+        f"gpu01: VM {foreign} (ACTIVE/RUNNING) is named gpu01 but its CONTEXT does not make it ours (made by "
+        "hand, or not by this cluster): left alone, remove it with onevm terminate if it is a leak",
+        f"gpu01: {what} -> terminate VM {orphan}: done"]
     assert sim.vm(orphan).state == DONE
     assert (sim.vm(foreign).state, sim.vm(foreign).lcm_state) == RUNNING
     held = {h.name: h.gpus_total - h.gpus_free for h in sim.hosts()}
@@ -52,7 +55,7 @@ def test_orphan_is_terminated_and_foreign_vm_left_alone(sim, site, capsys) -> No
 
 
 def test_dry_run_changes_nothing(sim, site, capsys) -> None:
-    orphan = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    orphan = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN", "gpu02 State=IDLE+CLOUD"))
     code, out = run(site, capsys, "--dry-run")
     assert code == EXIT_OK
@@ -65,7 +68,7 @@ def test_dry_run_changes_nothing(sim, site, capsys) -> None:
 
 
 def test_orphan_within_grace_is_left(sim, setup, capsys) -> None:
-    young = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    young = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     setup.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     code, out = run(setup, capsys)  # the default grace: 300 s
     assert (code, out.strip()) == (EXIT_OK, "nothing to repair")
@@ -82,7 +85,7 @@ def test_node_up_whose_vm_is_gone_is_handed_back(sim, site, capsys) -> None:
 
 
 def test_node_up_whose_vm_failed_has_it_terminated_and_is_handed_back(sim, site, capsys) -> None:
-    failed = sim.add_vm(name="gpu03", user_template=ours("gpu03"), state="BOOT_FAILURE")
+    failed = sim.add_vm(name="gpu03", **ours_vm("gpu03"), state="BOOT_FAILURE")
     site.set_nodes(show("gpu03 State=ALLOCATED+CLOUD"))
     assert run(site, capsys)[0] == EXIT_OK
     assert sim.vm(failed).state == DONE
@@ -105,7 +108,7 @@ def test_vm_pending_past_boot_timeout_is_terminated_and_node_handed_back(tmp_pat
 
     with running_simulator(fast_config(hosts=1, gpus=0), auth=AUTH) as sim:
         site = make_setup(tmp_path / "site", sim.endpoint, AUTH)
-        stuck = sim.add_vm(name="gpu04", user_template=ours("gpu04"), state="PENDING")
+        stuck = sim.add_vm(name="gpu04", **ours_vm("gpu04"), state="PENDING")
         sim.wait_for(lambda: "SCHED_MESSAGE" in sim.vm(stuck).user_template)
         site.set_nodes(show("gpu04 State=ALLOCATED+CLOUD+POWERING_UP"))
         config = load_config(site.config, site.env)
@@ -127,14 +130,14 @@ def test_vm_pending_past_boot_timeout_is_terminated_and_node_handed_back(tmp_pat
 
 def test_pending_vm_within_boot_timeout_is_left(sim, site, capsys) -> None:
     sim.set_durations(prolog=60)
-    booting = sim.add_vm(name="gpu04", user_template=ours("gpu04"), state="PROLOG")
+    booting = sim.add_vm(name="gpu04", **ours_vm("gpu04"), state="PROLOG")
     site.set_nodes(show("gpu04 State=ALLOCATED+CLOUD+POWERING_UP"))
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
     assert sim.vm(booting).state == S.ACTIVE
 
 
 def test_busy_node_is_skipped(sim, site, capsys) -> None:
-    orphan = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    orphan = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     lock_dir = Path(load_config(site.config, site.env).power.lock_dir)
     with NodeLocks(lock_dir, ["gpu01"], 0) as held:  # a suspend still working on gpu01
@@ -148,37 +151,37 @@ def test_busy_node_is_skipped(sim, site, capsys) -> None:
 @pytest.mark.parametrize("state", ["IDLE+CLOUD+POWERING_DOWN", "IDLE+CLOUD+POWER_DOWN", "ALLOCATED+CLOUD",
                                    "ALLOCATED+CLOUD+POWERING_UP"])
 def test_vm_of_a_node_not_powered_down_is_left(sim, site, capsys, state: str) -> None:
-    vm = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    vm = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     site.set_nodes(show(f"gpu01 State={state}"))
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
     assert sim.vm(vm).state == S.ACTIVE
 
 
 def test_powered_off_vm_of_a_poweroff_node_set_is_left(sim, site, capsys) -> None:
-    vm = sim.add_vm(name="cpu01", user_template=ours("cpu01"), state="POWEROFF", template_id=1)
+    vm = sim.add_vm(name="cpu01", **ours_vm("cpu01"), state="POWEROFF", template_id=1)
     site.set_nodes(show("cpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
     assert sim.vm(vm).state == S.POWEROFF
 
 
 def test_node_unknown_to_slurm_and_stray_vms_are_never_acted_on(sim, site, capsys) -> None:
-    mine = sim.add_vm(name="gpu05", user_template=ours("gpu05"), state="RUNNING")
-    stray = sim.add_vm(name="old9", user_template=ours("old9"), state="RUNNING")
+    mine = sim.add_vm(name="gpu05", **ours_vm("gpu05"), state="RUNNING")
+    stray = sim.add_vm(name="old9", **ours_vm("old9"), state="RUNNING")
     site.set_nodes("")
     assert run(site, capsys) == (EXIT_OK, "nothing to repair\n")
     assert sim.vm(mine).state == S.ACTIVE and sim.vm(stray).state == S.ACTIVE
 
 
 def test_hostlist_limits_the_nodes(sim, site, capsys) -> None:
-    a = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
-    b = sim.add_vm(name="gpu02", user_template=ours("gpu02"), state="RUNNING")
+    a = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
+    b = sim.add_vm(name="gpu02", **ours_vm("gpu02"), state="RUNNING")
     site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
     code, _ = run(site, capsys, "gpu02")
     assert code == EXIT_OK and sim.vm(a).state == S.ACTIVE and sim.vm(b).state == DONE
 
 
 def test_unreachable_controller_changes_nothing_and_exits_4(sim, site, capsys) -> None:
-    orphan = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    orphan = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     (site.scontrol_dir / "scontrol.rc").write_text("1")
     assert reconcile.main([], site.env) == 4
@@ -194,13 +197,16 @@ def test_reconcile_against_the_real_controller(sim, tmp_path, slurm_factory, cap
     cluster = slurm_factory(nodes=["gpu01", "gpu02", "gpu03"], suspend_time=3600)
     site = real_site(tmp_path / "site", sim, cluster, '[[nodeset]]\nnodes = "gpu[01-03]"\n'
                      'template = "slurm-gpu-worker"\n', extra=NO_GRACE)
-    orphan = sim.add_vm(name="gpu01", user_template=ours("gpu01", "cloudtest"))
+    orphan = sim.add_vm(name="gpu01", **ours_vm("gpu01", "cloudtest"))
     foreign = sim.add_vm(name="gpu03", user_template={})
     boot_node(cluster, "gpu02", "127.0.1.2")  # up in Slurm, but no VM behind it
     env = {"SLURM_NEBULA_POWER_CONFIG": str(site.config)}
     assert reconcile.main([], env) == EXIT_OK
     out = capsys.readouterr().out.splitlines()
-    assert out == [f"gpu01: VM ACTIVE/RUNNING but node powered down -> terminate VM {orphan}: done",
+    assert out == [f"gpu03: VM {foreign} (ACTIVE/RUNNING) is named gpu03 but its CONTEXT does not make it ours "
+                   "(made by hand, or not by this cluster): left alone, remove it with onevm terminate if it is a "
+                   "leak",
+                   f"gpu01: VM ACTIVE/RUNNING but node powered down -> terminate VM {orphan}: done",
                    "gpu02: node up in Slurm but it has no VM -> hand back to Slurm: done"]
     assert sim.vm(orphan).state == DONE
     assert (sim.vm(foreign).state, sim.vm(foreign).lcm_state) == RUNNING
@@ -210,7 +216,7 @@ def test_reconcile_against_the_real_controller(sim, tmp_path, slurm_factory, cap
     assert cluster.node_state("gpu01") == "IDLE+CLOUD+POWERED_DOWN", "a powered-down node is left as it is"
     # A second run finds nothing left to do.
     assert reconcile.main([], env) == EXIT_OK
-    assert capsys.readouterr().out.strip() == "nothing to repair"
+    assert capsys.readouterr().out.splitlines()[-1] == "nothing to repair", "the impostor is reported each run"
 
 
 # ---- systemd units ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from opsupport import ours
+from opsupport import ours_vm
 from reliability_support import PROGRAMS, run_program, site, tune
 from test_cli import BAD_HOSTLISTS
 
@@ -102,7 +102,7 @@ def refused(name: str, message: str, prepare: Prepare, programs: tuple[str, ...]
 def locked(state: str, slurm: str = "") -> Prepare:
     """Our VM for gpu01 in state, locked (onevm lock); Slurm shows gpu01 as slurm if given."""
     def prepare(sim: Any, setup: Any) -> None:
-        sim.lock_vm(sim.add_vm(name="gpu01", user_template=ours("gpu01"), state=state))
+        sim.lock_vm(sim.add_vm(name="gpu01", **ours_vm("gpu01"), state=state))
         if slurm:
             setup.set_nodes(f"NodeName=gpu01 State={slurm}\n")
     return prepare
@@ -112,7 +112,7 @@ def quota(state: str | None = None) -> Prepare:
     """The VM quota exhausted (with our VM for gpu01 in state, if given)."""
     def prepare(sim: Any, setup: Any) -> None:
         if state:
-            sim.add_vm(name="gpu01", user_template=ours("gpu01"), state=state)
+            sim.add_vm(name="gpu01", **ours_vm("gpu01"), state=state)
         sim.set_faults(quota_exceeded=True)
     return prepare
 

@@ -11,7 +11,7 @@ import signal
 from typing import Any
 
 import pytest
-from opsupport import ours
+from opsupport import ours_vm
 from reliability_support import SlurmModel, finish, gpu_holders, launch, live_ours, settle, site, violations
 from simfixtures import AUTH, fast_config
 
@@ -74,8 +74,8 @@ def test_resume_killed_at_a_random_point_leaves_the_right_vms(tmp_path, call, wh
     with running_simulator(config, auth=AUTH) as sim:
         sim.set_durations(prolog=0.1, boot=0.1)
         setup = site(tmp_path / "site", sim, boot_timeout=15, poll_max=0.2, retry_seconds=3)
-        sim.add_vm(name="gpu03", user_template=ours("gpu03"), state="POWEROFF")
-        sim.add_vm(name="gpu04", user_template=ours("gpu04"), state="BOOT_FAILURE")
+        sim.add_vm(name="gpu03", **ours_vm("gpu03"), state="POWEROFF")
+        sim.add_vm(name="gpu04", **ours_vm("gpu04"), state="BOOT_FAILURE")
         killer = Killer(sim, call, when)
         try:
             victim = launch(setup, "slurm-nebula-resume", "gpu[01-04]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from opsupport import boot_node, ours, real_site, show
+from opsupport import boot_node, ours_vm, real_site, show
 from simfixtures import AUTH, fast_config
 from support import make_setup
 
@@ -24,7 +24,7 @@ def rows(capsys, env, *args: str) -> tuple[int, dict[str, dict]]:
 
 
 def test_table_has_one_row_per_node_with_every_column(sim, setup, capsys) -> None:
-    vm_id = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    vm_id = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     setup.set_nodes(show("gpu01 State=IDLE+CLOUD NodeAddr=127.0.1.1", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
     assert status.main(["gpu[01-02]"], setup.env) == EXIT_OK
     header, gpu01, gpu02, footer = capsys.readouterr().out.splitlines()
@@ -54,7 +54,7 @@ def test_footer_says_whether_the_prolog_is_ours(sim, setup, capsys) -> None:
 
 def test_json_rows_name_states_in_words(sim, setup, capsys) -> None:
     sim.set_durations(boot=60)
-    vm_id = sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="BOOT")
+    vm_id = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="BOOT")
     setup.set_nodes(show("gpu01 State=ALLOCATED+CLOUD+POWERING_UP"))
     code, found = rows(capsys, setup.env, "gpu01")
     assert code == EXIT_OK
@@ -67,7 +67,7 @@ def test_json_rows_name_states_in_words(sim, setup, capsys) -> None:
 
 
 def test_vm_running_while_node_powered_down_is_a_problem(sim, setup, capsys) -> None:
-    sim.add_vm(name="gpu03", user_template=ours("gpu03"), state="RUNNING")
+    sim.add_vm(name="gpu03", **ours_vm("gpu03"), state="RUNNING")
     setup.set_nodes(show("gpu03 State=IDLE+CLOUD+POWERED_DOWN"))
     code, found = rows(capsys, setup.env, "gpu03")
     assert code == EXIT_NODES_FAILED
@@ -79,7 +79,7 @@ def test_node_powering_up_with_vm_pending_for_lack_of_a_gpu(tmp_path, capsys) ->
 
     with running_simulator(fast_config(hosts=1, gpus=0), auth=AUTH) as sim:
         site = make_setup(tmp_path / "site", sim.endpoint, AUTH)
-        sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="PENDING")
+        sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="PENDING")
         sim.wait_for(lambda: "SCHED_MESSAGE" in sim.vm(0).user_template)
         site.set_nodes(show("gpu01 State=ALLOCATED+CLOUD+POWERING_UP"))
         code, found = rows(capsys, site.env, "gpu01")
@@ -96,7 +96,7 @@ def test_node_powering_up_with_vm_pending_for_lack_of_a_gpu(tmp_path, capsys) ->
 ])
 def test_what_is_wrong(sim, setup, capsys, state: str, vm_state: str | None, problem: str) -> None:
     if vm_state:
-        sim.add_vm(name="gpu04", user_template=ours("gpu04"), state=vm_state)
+        sim.add_vm(name="gpu04", **ours_vm("gpu04"), state=vm_state)
     setup.set_nodes(show(f"gpu04 State={state}"))
     code, found = rows(capsys, setup.env, "gpu04")
     assert code == EXIT_NODES_FAILED
@@ -104,26 +104,30 @@ def test_what_is_wrong(sim, setup, capsys, state: str, vm_state: str | None, pro
 
 
 def test_address_mismatch_is_shown(sim, setup, capsys) -> None:
-    sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     setup.set_nodes(show("gpu01 State=IDLE+CLOUD NodeAddr=127.0.9.9"))
     _, found = rows(capsys, setup.env, "gpu01")
     assert found["gpu01"]["problems"] == ["Slurm NodeAddr 127.0.9.9 but VM IP 127.0.1.1"]
 
 
 def test_poweroff_vm_of_a_poweroff_node_set_is_not_a_problem(sim, setup, capsys) -> None:
-    sim.add_vm(name="cpu01", user_template=ours("cpu01"), state="POWEROFF", template_id=1)
+    sim.add_vm(name="cpu01", **ours_vm("cpu01"), state="POWEROFF", template_id=1)
     setup.set_nodes(show("cpu01 State=IDLE+CLOUD+POWERED_DOWN"))
     code, found = rows(capsys, setup.env, "cpu01")
     assert (code, found["cpu01"]["problems"]) == (EXIT_OK, [])
 
 
-def test_foreign_vm_is_not_listed_and_stray_vm_of_ours_is(sim, setup, capsys) -> None:
-    sim.add_vm(name="gpu05", user_template={}, state="RUNNING")  # foreign: same name, no tags
-    stray = sim.add_vm(name="old7", user_template=ours("old7"), state="RUNNING")
+def test_a_vm_named_like_a_node_failing_identity_is_a_problem_and_a_stray_vm_of_ours_is_listed(
+        sim, setup, capsys) -> None:
+    foreign = sim.add_vm(name="gpu05", user_template={}, state="RUNNING")  # same name, no identity
+    stray = sim.add_vm(name="old7", **ours_vm("old7"), state="RUNNING")
     setup.set_nodes(show(*(f"gpu0{i} State=IDLE+CLOUD+POWERED_DOWN" for i in range(1, 9)),
                          *(f"cpu0{i} State=IDLE+CLOUD+POWERED_DOWN" for i in range(1, 5))))
     code, found = rows(capsys, setup.env)
-    assert found["gpu05"]["vm_id"] is None and found["gpu05"]["problems"] == []
+    assert found["gpu05"]["vm_id"] is None
+    assert found["gpu05"]["problems"] == [f"VM {foreign} (ACTIVE/RUNNING) is named gpu05 but its CONTEXT does not "
+                                          "make it ours (made by hand, or not by this cluster): left alone, remove "
+                                          "it with onevm terminate if it is a leak"]
     assert found["old7"]["vm_id"] == stray
     assert found["old7"]["problems"] == [f"VM {stray} tagged for this cluster but the node is in no "
                                          "[[nodeset]]: left alone"]
@@ -131,8 +135,8 @@ def test_foreign_vm_is_not_listed_and_stray_vm_of_ours_is(sim, setup, capsys) ->
 
 
 def test_two_vms_for_one_node_are_shown(sim, setup, capsys) -> None:
-    first = sim.add_vm(name="gpu02", user_template=ours("gpu02"), state="RUNNING")
-    second = sim.add_vm(name="gpu02", user_template=ours("gpu02"), state="POWEROFF")
+    first = sim.add_vm(name="gpu02", **ours_vm("gpu02"), state="RUNNING")
+    second = sim.add_vm(name="gpu02", **ours_vm("gpu02"), state="POWEROFF")
     setup.set_nodes(show("gpu02 State=IDLE+CLOUD"))
     _, found = rows(capsys, setup.env, "gpu02")
     assert found["gpu02"]["vm_id"] == first, "the running one counts"
@@ -146,7 +150,7 @@ def test_node_unknown_to_slurm(sim, setup, capsys) -> None:
 
 
 def test_without_a_controller_the_table_still_shows_the_vms(sim, setup, capsys) -> None:
-    sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     (setup.scontrol_dir / "scontrol.rc").write_text("1")
     code = status.main(["gpu01"], setup.env)
     out, err = capsys.readouterr()
@@ -215,7 +219,7 @@ def test_status_against_the_real_controller(sim, tmp_path, slurm_factory, capsys
     cluster = slurm_factory(nodes=["gpu01", "gpu02", "gpu03"], suspend_time=3600)
     site = real_site(tmp_path / "site", sim, cluster, '[[nodeset]]\nnodes = "gpu[01-03]"\n'
                      'template = "slurm-gpu-worker"\n')
-    orphan = sim.add_vm(name="gpu01", user_template=ours("gpu01", "cloudtest"))
+    orphan = sim.add_vm(name="gpu01", **ours_vm("gpu01", "cloudtest"))
     boot_node(cluster, "gpu02", "127.0.1.2")
     code, found = rows(capsys, {"SLURM_NEBULA_POWER_CONFIG": str(site.config)})
     assert code == EXIT_NODES_FAILED
@@ -230,7 +234,7 @@ def test_status_against_the_real_controller(sim, tmp_path, slurm_factory, capsys
 def test_a_down_or_drained_node_is_a_problem_also_when_not_responding(sim, setup, capsys, state) -> None:
     # scontrol appends '*' to the base state of a node that does not respond: DOWN* is the DOWN that
     # matters most (its slurmd is gone), and status once missed it.
-    sim.add_vm(name="gpu01", user_template=ours("gpu01"), state="RUNNING")
+    sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     setup.set_nodes(show(f"gpu01 State={state} Reason=Not_responding"))
     code, found = rows(capsys, setup.env, "gpu01")
     assert code == EXIT_NODES_FAILED

@@ -82,8 +82,9 @@ class Worker:
         self.stubs = root / "stubs"
         self.stubs.mkdir()
         (root / "console").write_text("")
-        for name in ("munged", "slurmd", "curl", "systemctl", "systemd-run"):
+        for name in ("munged", "slurmd", "systemctl", "systemd-run"):
             self.stub(name)
+        self.stub("curl", extra=f'cat >"{self.stubs}/curl.stdin"')  # the OneGate headers come on stdin
         self.stub("runuser", extra='shift 3\nexec "$@"')  # runuser -u munge -- CMD...: run CMD
         self.env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -154,8 +155,9 @@ def test_boots_the_node_from_a_context_file(worker: Worker) -> None:
     assert run.args("munged") == [""]
     assert run.args("slurmd") == ["-N gpu01 --conf-server ctl.example:6817 -b"]
     [curl] = run.args("curl")
-    assert curl == ("-sS -f -X PUT http://127.0.0.1:5030/vm --max-time 10 --retry 3 "
-                    f"-H X-ONEGATE-TOKEN: {TOKEN} -H X-ONEGATE-VMID: 7 -d READY=YES")
+    assert curl == "-sS -f -X PUT http://127.0.0.1:5030/vm --max-time 10 --retry 3 -H @- -d READY=YES"
+    assert TOKEN not in curl, "no secret on a command line (ps shows it to every local user)"
+    assert (worker.stubs / "curl.stdin").read_text() == f"X-ONEGATE-TOKEN: {TOKEN}\nX-ONEGATE-VMID: 7\n"
     assert os.access(run.ready, os.X_OK) and subprocess.run([str(run.ready)]).returncode == 0
     munge_run = worker.root / "run-munge"
     assert munge_run.stat().st_uid == MUNGE.pw_uid
@@ -303,7 +305,7 @@ def test_ready_is_best_effort(worker: Worker, changes, fail_curl, message) -> No
 
 def test_onegate_token_from_onegate_token_variable(worker: Worker) -> None:
     run = worker.run(str(worker.context_file(**full_context(TOKENTXT=None, ONEGATE_TOKEN=TOKEN))))
-    assert run.code == 0 and f"X-ONEGATE-TOKEN: {TOKEN}" in run.args("curl")[0]
+    assert run.code == 0 and f"X-ONEGATE-TOKEN: {TOKEN}" in (worker.stubs / "curl.stdin").read_text()
 
 
 def test_the_onegate_command_is_used_when_installed(worker: Worker) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from .. import __version__
 from ..config import Config, find_config, load_config
 from ..errors import EXIT_USAGE, ConfigError
+from ..model import printable
 from ..operation import Cloud, Context
 from ..slurm import SlurmControl, scontrol_for
 
@@ -37,6 +38,15 @@ def process_hygiene() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signal.valid_signals())
 
 
+class OneLineFormatter(logging.Formatter):
+    """Every message is one line: values from OpenNebula or a guest (names, addresses, error texts) have
+    their control characters escaped, so none can forge a log line. Tracebacks stay as Python wrote them."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
 def setup_logging(prog: str, config: Config | None, stream_too: bool = False) -> None:
     """Log to the configured file (or stderr), with the program name and pid on every line."""
     root = logging.getLogger("slurm_nebula_power")
@@ -54,7 +64,7 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
     if not handlers or stream_too:
         handlers.append(logging.StreamHandler(sys.stderr))
     for handler in handlers:
-        handler.setFormatter(logging.Formatter(LOG_FORMAT, defaults={"prog": prog}))
+        handler.setFormatter(OneLineFormatter(LOG_FORMAT, defaults={"prog": prog}))
         root.addHandler(handler)
     root.setLevel((config.log.level if config else "info").upper())
 
