@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import grp
+import ipaddress
 import math
 import os
 import pwd
 import re
+import stat
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
@@ -133,6 +136,60 @@ def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None
                 f"mkdir -p {config.log.file.parent} && chown {name} {config.log.file.parent}")
     _access(report, user, f"lock_dir {config.power.lock_dir}", writable(user, config.power.lock_dir, True),
             f"mkdir -p {config.power.lock_dir} && chown {name} {config.power.lock_dir}")
+
+
+def others_can_write(path: Path) -> bool:
+    """Writable by others, or in a directory others can write without the sticky bit (a rename replaces
+    it): whoever can do that chooses what runs as SlurmUser."""
+    try:
+        info, parent = path.stat(), path.parent.stat()
+    except OSError:
+        return False
+    loose_parent = parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX
+    return bool(info.st_mode & stat.S_IWOTH or loose_parent)
+
+
+def check_ownership(report: Report, config: Config) -> None:
+    """Nothing that decides what SlurmUser runs, and no lock directory, is writable by other users."""
+    named = [("configuration", config.path, "it names scontrol and prolog_chain, which SlurmUser runs"),
+             ("[slurm] scontrol", config.slurm.scontrol, "SlurmUser runs it"),
+             ("[slurm] prolog_chain", config.slurm.prolog_chain, "slurmctld runs it for every job")]
+    for what, path, why in named:
+        if path is not None and others_can_write(path):
+            report.problem(f"{what} {path}", f"writable by other users: {why}",
+                           f"chmod o-w {path} {path.parent} (and chown it to root)")
+    lock_dir = config.power.lock_dir
+    try:
+        mode = lock_dir.stat().st_mode
+    except OSError:
+        return
+    if mode & stat.S_IWOTH:
+        report.problem(f"lock_dir {lock_dir}", "writable by other users: any of them can plant links or files "
+                       "in place of the node locks", f"chmod o-w {lock_dir}")
+
+
+def check_transport(report: Report, config: Config) -> None:
+    """The session travels in every request and template answers hold the munge key: say when the path to
+    oned is not protected."""
+    one = config.opennebula
+    url = urlsplit(one.endpoint)
+    host = url.hostname or ""
+    if url.scheme == "http" and not _loopback(host):
+        report.warn(f"OpenNebula {one.endpoint}", f"plain http to {host}: the session (user:password) and "
+                    "the munge key in template answers cross the network readable",
+                    "use https:// (oned behind a TLS proxy, or FireEdge's), or a loopback endpoint")
+    if url.scheme == "https" and not one.https_verify:
+        report.warn(f"OpenNebula {one.endpoint}", "https_verify = false: any host that answers for "
+                    f"{host} gets the session", "install the front end's CA and remove https_verify = false")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # ---- OpenNebula ---------------------------------------------------------------------------------------
@@ -347,6 +404,8 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         report.ok("scontrol", str(find_scontrol(config, environ)))
     except PowerError as exc:
         report.problem("scontrol", str(exc), "install Slurm's client commands or set [slurm] scontrol")
+    check_ownership(report, config)
+    check_transport(report, config)
     cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:
         check_templates(report, config, cloud, conf)

@@ -24,7 +24,7 @@ T = TypeVar("T")
 def _parse_pool(text: object) -> list[Vm]:
     try:
         return vms_from_xml(str(text))
-    except ET.ParseError as exc:
+    except (ET.ParseError, ValueError) as exc:
         raise TransientCloudError(f"[one.vmpool.infoextended] unreadable pool document: {exc}") from None
 
 

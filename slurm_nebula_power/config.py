@@ -7,6 +7,7 @@ import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
@@ -97,11 +98,12 @@ class Config:
     nodesets: tuple[NodeSet, ...]
 
     def nodeset_for(self, node: str) -> NodeSet | None:
-        """The node set a node belongs to, or None."""
-        for nodeset in self.nodesets:
-            if node in nodeset.nodes:
-                return nodeset
-        return None
+        """The node set a node belongs to, or None (one dict look-up: 20,000 nodes of a 65,536-node set)."""
+        return self._by_node.get(node)
+
+    @cached_property
+    def _by_node(self) -> dict[str, NodeSet]:
+        return {node: nodeset for nodeset in self.nodesets for node in nodeset.nodes}
 
     @property
     def all_nodes(self) -> list[str]:

@@ -25,6 +25,9 @@ def expand(expression: str) -> list[str]:
         raise HostlistError("empty hostlist: give node names such as gpu[01-04]")
     if not text.isascii() or not text.isprintable():
         raise HostlistError(f"hostlist {expression!r} has non-ASCII or control characters: use plain node names")
+    count = size(text)
+    if count > MAX_NODES:  # before expanding: twenty bracket groups in one name are 2^20 names and 253 MB
+        raise HostlistError(f"hostlist {expression!r} names {count} nodes; at most {MAX_NODES} per call")
     try:
         names: list[str] = hostlist.expand_hostlist(text)
     except hostlist.BadHostlist as exc:
@@ -36,6 +39,35 @@ def expand(expression: str) -> list[str]:
     for name in names:
         validate_name(name, expression)
     return names
+
+
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")
+
+
+def size(expression: str) -> int:
+    """How many names an expression stands for, counted without expanding it (duplicates counted; 0 for
+    what python-hostlist will refuse as malformed anyway)."""
+    total, depth, start = 0, 0, 0
+    items = []
+    for index, char in enumerate(expression):
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            items.append(expression[start:index])
+            start = index + 1
+    items.append(expression[start:])
+    for item in items:
+        product = 1
+        for group in re.findall(r"\[([^\[\]]*)\]", item):
+            count = 0
+            for part in group.split(","):
+                match = _RANGE.match(part.strip())
+                if not match:
+                    return 0
+                low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+                count += max(0, high - low + 1)
+            product *= count
+        total += product
+    return total
 
 
 def expand_trusted(expression: str) -> list[str]:

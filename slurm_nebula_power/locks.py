@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import resource
+import stat
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -12,31 +15,38 @@ from types import TracebackType
 from .backoff import Backoff
 from .errors import ConfigError
 
+LOCK_MODE = 0o644  # flock needs only an open file: SlurmUser opens it read-only whoever created it
+SPARE_FDS = 256  # descriptors kept free beyond one per lock: sockets of the thread pool, logs, scontrol
+
 
 class NodeLocks:
     """Hold the locks of a set of nodes; nodes whose lock stays busy past the wait are reported, not held.
 
-    A lock is an flock on <lock_dir>/<node>.lock.  A process that dies (even by SIGKILL) loses its
-    flocks at once, so no stale lock ever blocks a later run.  Locks are taken in node-name order.
+    A lock is an flock on <lock_dir>/<node>.lock, opened read-only and never through a symlink.  A process
+    that dies (even by SIGKILL) loses its flocks at once, so no stale lock ever blocks a later run.  Locks
+    are taken in node-name order.  `owner` (uid, gid): who gets a lock directory this run creates (root
+    running a command by hand creates it for SlurmUser).  A node whose lock file cannot be opened is in
+    `unavailable` with the reason.
     """
 
     def __init__(self, lock_dir: Path, nodes: Iterable[str], wait: float,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 owner: tuple[int, int] | None = None) -> None:
         self.lock_dir = lock_dir
         self.nodes = sorted(set(nodes))
         self.wait = wait
         self.clock = clock
         self.sleep = sleep
+        self.owner = owner
         self.held: list[str] = []
         self.busy: list[str] = []
+        self.unavailable: dict[str, str] = {}
         self._fds: list[int] = []
+        self._dir_fd = -1
 
     def __enter__(self) -> NodeLocks:
-        try:
-            self.lock_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"power.lock_dir: cannot create {self.lock_dir}: {exc.strerror}; "
-                              "create it writable by SlurmUser or set lock_dir") from None
+        self._open_dir()
+        _room_for(len(self.nodes))
         pending = list(self.nodes)
         deadline = self.clock() + self.wait
         delay = Backoff(0.02, 0.5)
@@ -44,27 +54,52 @@ class NodeLocks:
             # In name order, stopping at the first busy node: a run waits only while holding locks that
             # sort before the one it waits for, so two runs never wait for each other (taking every free
             # lock at once let overlapping resumes each hold a node the other waited for, until the wait).
-            while pending and self._try(pending[0]):
+            while pending and self._try(pending[0]) is not False:
                 pending.pop(0)
             if not pending or self.clock() >= deadline:
                 break
             self.sleep(delay.next())
         # Done waiting: take whatever else is free now and leave the busy rest.
-        self.busy = [node for node in pending if not self._try(node)]
+        self.busy = [node for node in pending if self._try(node) is False]
         return self
 
-    def _try(self, node: str) -> bool:
-        path = self.lock_dir / f"{node}.lock"
+    def _open_dir(self) -> None:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if not self.lock_dir.exists():
+                self.lock_dir.mkdir(parents=True, exist_ok=True)
+                if self.owner is not None:
+                    os.chown(self.lock_dir, *self.owner)
+            self._dir_fd = os.open(self.lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            raise ConfigError(f"power.lock_dir: cannot open {path}: {exc.strerror}; make {self.lock_dir} "
-                              "writable by SlurmUser") from None
+            raise ConfigError(f"power.lock_dir: cannot create {self.lock_dir}: {exc.strerror}; "
+                              "create it writable by SlurmUser or set lock_dir") from None
+
+    def _try(self, node: str) -> bool | None:
+        """True: held now; False: busy; None: unavailable (why in self.unavailable)."""
+        name = f"{node}.lock"
         try:
+            fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE,
+                         dir_fd=self._dir_fd)
+        except OSError as exc:
+            why = "it is a symlink, never followed" if exc.errno == errno.ELOOP else exc.strerror
+            self.unavailable[node] = f"cannot open {self.lock_dir / name}: {why}"
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                os.close(fd)
+                self.unavailable[node] = f"{self.lock_dir / name} is not a regular file"
+                return None
+            if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != LOCK_MODE:
+                os.fchmod(fd, LOCK_MODE)  # ours (made 0600 by an older version, or under umask 077)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return False
+        except OSError as exc:
+            os.close(fd)
+            self.unavailable[node] = f"cannot lock {self.lock_dir / name}: {exc.strerror}"
+            return None
         self._fds.append(fd)
         self.held.append(node)
         return True
@@ -74,7 +109,20 @@ class NodeLocks:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def _room_for(locks: int) -> None:
+    """Raise the soft limit of open files so one run can hold `locks` locks (5,000 nodes under the usual
+    `ulimit -n 1024`); up to the hard limit, beyond which the last locks are unavailable, not fatal."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = locks + SPARE_FDS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard),
+                                                    hard))

@@ -244,3 +244,34 @@ def test_missing_configuration_is_one_problem(tmp_path, capsys) -> None:
     assert out.splitlines() == [f"problem  configuration: {tmp_path / 'none.toml'}: no such configuration "
                                 "file; create it from etc/nebula-power.toml -> fix: see "
                                 "etc/nebula-power.toml"]
+
+
+# ---- issue 15: what check says about the path to oned and who can write what ------------------------
+
+
+def warnings(site: Setup, capsys) -> list[str]:
+    _, found = findings(site, capsys)
+    return [f"{f['subject']}: {f['text']}" for f in found if f["level"] == "warning"]
+
+
+def test_plain_http_to_another_host_and_unverified_https_are_warned_about(site, capsys) -> None:
+    assert not [w for w in warnings(site, capsys) if "plain http" in w], "loopback is fine"
+    text = site.config.read_text()
+    endpoint = text.split('endpoint = "', 1)[1].split('"', 1)[0]
+    site.config.write_text(text.replace(endpoint, "http://frontend.example:2633/RPC2"))
+    [http] = [w for w in warnings(site, capsys) if "plain http" in w]
+    assert http.startswith("OpenNebula http://frontend.example:2633/RPC2: plain http to frontend.example")
+    site.config.write_text(text.replace(endpoint, "https://frontend.example/RPC2").replace(
+        "[slurm]", "https_verify = false\n\n[slurm]"))
+    [tls] = [w for w in warnings(site, capsys) if "https_verify" in w]
+    assert "any host that answers for frontend.example gets the session" in tls
+
+
+def test_a_configuration_or_lock_directory_other_users_can_write_is_a_problem(site, capsys) -> None:
+    site.config.chmod(0o666)
+    (site.root / "locks").mkdir(exist_ok=True)
+    (site.root / "locks").chmod(0o777)
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert any(p.startswith(f"configuration {site.config}: writable by other users") for p in found), found
+    assert any(p.startswith(f"lock_dir {site.root / 'locks'}: writable by other users") for p in found), found

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_nebula_power.errors import HostlistError
-from slurm_nebula_power.hostlists import expand, fold
+from slurm_nebula_power.hostlists import expand, fold, size
 
 
 @pytest.mark.parametrize(("expression", "names"), [
@@ -47,3 +47,18 @@ def test_hostile_hostlists_are_refused_with_one_line(expression: str) -> None:
 def test_fold_is_the_inverse_for_logs_and_scontrol() -> None:
     assert fold(["gpu01", "gpu02", "gpu04"]) == "gpu[01-02,04]"
     assert expand(fold(expand("gpu[01-16],cpu[1-3]"))) == expand("cpu[1-3],gpu[01-16]")
+
+
+def test_a_hostlist_is_bounded_before_it_is_expanded() -> None:
+    # Twenty bracket groups are 2^20 names: python-hostlist would build them all (253 MB) before any count.
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(HostlistError, match="names 1048576 nodes; at most 65536"):
+            expand("n" + "[1-2]" * 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes"
+    assert size("gpu[01-04],cpu[1-2]x[1-3],login") == 11

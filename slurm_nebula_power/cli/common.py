@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import logging
 import os
+import pwd
+import resource
 import signal
 import sys
 import syslog
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from .. import __version__
 from ..config import Config, find_config, load_config
@@ -16,9 +21,11 @@ from ..errors import EXIT_USAGE, ConfigError
 from ..model import printable
 from ..operation import Cloud, Context
 from ..slurm import SlurmControl, scontrol_for
+from ..slurmconf import read_slurm_conf
 
 log = logging.getLogger("slurm_nebula_power")
 LOG_FORMAT = "%(asctime)s %(prog)s[%(process)d] %(levelname)s %(message)s"
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 
 
 def process_hygiene() -> None:
@@ -36,6 +43,16 @@ def process_hygiene() -> None:
     if sys.stderr is None:
         sys.stderr = open(2, "w", closefd=False)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signal.valid_signals())
+    no_core_dumps()
+
+
+def no_core_dumps() -> None:
+    """A core dump of a running program would hold the OpenNebula session: none, and no ptrace by others
+    of our uid either (prctl PR_SET_DUMPABLE 0)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 class OneLineFormatter(logging.Formatter):
@@ -47,6 +64,28 @@ class OneLineFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+def service_owner(config: Config) -> tuple[int, int] | None:
+    """When root runs a program (a resume or reconcile typed by hand): SlurmUser's uid and gid from
+    slurm.conf, who gets the directories and files this run creates, so SlurmUser's next run can use them.
+    None when not root, or SlurmUser is root or unknown."""
+    if os.geteuid() != 0 or config.slurm.slurm_conf is None:
+        return None
+    try:
+        entry = pwd.getpwnam(read_slurm_conf(config.slurm.slurm_conf).get("SlurmUser"))
+    except (ConfigError, KeyError):
+        return None
+    return None if entry.pw_uid == 0 else (entry.pw_uid, entry.pw_gid)
+
+
+def _made_for(owner: tuple[int, int] | None, path: Path, make: Callable[[], object]) -> None:
+    """Make path if it is missing, owned by owner when given."""
+    if path.exists():
+        return
+    make()
+    if owner is not None:
+        os.chown(path, *owner)
+
+
 def setup_logging(prog: str, config: Config | None, stream_too: bool = False) -> None:
     """Log to the configured file (or stderr), with the program name and pid on every line."""
     root = logging.getLogger("slurm_nebula_power")
@@ -55,9 +94,11 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
         handler.close()
     handlers: list[logging.Handler] = []
     if config is not None and config.log.file is not None:
+        owner, file = service_owner(config), config.log.file
         try:
-            config.log.file.parent.mkdir(parents=True, exist_ok=True)
-            handlers.append(logging.FileHandler(config.log.file, encoding="utf-8"))
+            _made_for(owner, file.parent, lambda: file.parent.mkdir(parents=True))
+            _made_for(owner, file, file.touch)
+            handlers.append(logging.FileHandler(file, encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"{config.path}: log.file: cannot write {config.log.file}: {exc.strerror}; "
                               "make its directory writable by SlurmUser or change log.file") from None

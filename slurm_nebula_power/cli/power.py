@@ -8,14 +8,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..config import Config
-from ..errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, PowerError
+from ..errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, ConfigError, PowerError
 from ..hostlists import expand, fold
 from ..locks import NodeLocks
 from ..operation import Context, Outcome
+from ..operation import hand_back as _hand_back
 from ..resume import resume
 from ..slurm import jobs_from_resume_file
 from ..suspend import power_down
-from .common import build_context, load, make_parser, parse, report_error, setup_logging
+from .common import build_context, load, make_parser, parse, report_error, service_owner, setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def _power_program(prog: str, description: str, operation: Operation, argv: Sequ
     if detachable and config.power.detach and _detach():
         log.info("detached: %s continues in the background", args.hostlist)
         return EXIT_OK
-    return _run_locked(prog, config, env, nodes, jobs, operation, args.hostlist)
+    return _run_locked(prog, config, env, nodes, jobs, operation, args.hostlist, hands_back=detachable)
 
 
 def _detach() -> bool:
@@ -57,19 +58,23 @@ def _detach() -> bool:
 
 
 def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: list[str],
-                jobs: dict[str, list[int]], operation: Operation, expression: str) -> int:
+                jobs: dict[str, list[int]], operation: Operation, expression: str, hands_back: bool) -> int:
     start = time.monotonic()
     wait = max(ns.boot_timeout for ns in config.nodesets) + config.power.suspend_timeout
+    context = None
     try:
         context = build_context(config, environ)
-        with NodeLocks(config.power.lock_dir, nodes, wait) as locks:
+        with NodeLocks(config.power.lock_dir, nodes, wait, owner=service_owner(config)) as locks:
             if locks.busy:
                 log.error("%s: still locked by another run after %.0fs, left to it", fold(locks.busy), wait)
-            outcome = operation(context, [n for n in nodes if n in locks.held], jobs)
-            for node in locks.busy:
-                outcome.fail(node, "busy: another run holds its lock")
+            for node, why in locks.unavailable.items():
+                log.error("node=%s: lock unavailable: %s", node, why)
+            outcome = operation(context, locks.held, jobs)
+            _unlocked(context, outcome, locks, hands_back)
     except PowerError as exc:
         report_error(prog, str(exc))
+        if hands_back and context is not None and isinstance(exc, ConfigError):  # the lock directory
+            _hand_back(context, Outcome(), nodes, "cannot lock: see the nebula-power log")
         return exc.exit_code
     except Exception:
         log.exception("%s %s: internal error", prog, expression)
@@ -78,6 +83,20 @@ def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: li
     log.info("summary: %s %s: %s in %.1fs, %d API calls, %d retries", prog, expression, outcome.describe(),
              time.monotonic() - start, stats.calls, stats.retries)
     return EXIT_NODES_FAILED if outcome.failed else EXIT_OK
+
+
+def _unlocked(context: Context, outcome: Outcome, locks: NodeLocks, hands_back: bool) -> None:
+    """Nodes this run could not lock fail; resume hands them back, so no job waits for ResumeTimeout."""
+    groups = [(locks.busy, "busy: another run holds its lock"),
+              (list(locks.unavailable), "lock unavailable: see the nebula-power log")]
+    for nodes, reason in groups:
+        if not nodes:
+            continue
+        if hands_back:
+            _hand_back(context, outcome, nodes, reason)
+        else:
+            for node in nodes:
+                outcome.fail(node, reason)
 
 
 def _resume_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 
-from ..errors import EXIT_OK, PowerError
+from ..errors import EXIT_OK, PowerError, UsageError
 from ..template import pick_nodeset, render
 from .common import load, make_parser, parse, report_error
 
@@ -30,8 +31,23 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = load(args, env)
         index, nodeset = pick_nodeset(config, args.nodeset)
         text = render(config, index, nodeset)
+        refuse_readable_output()
     except PowerError as exc:
         report_error(prog, str(exc), quiet=True)
         return exc.exit_code
     sys.stdout.write(text)
     return EXIT_OK
+
+
+def refuse_readable_output() -> None:
+    """The template holds the munge key: refuse to write it to a file that group or others can read (the
+    usual `template > worker.tmpl` under umask 022 makes a 0644 file)."""
+    try:
+        info = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+        raise UsageError(f"standard output is a file of mode {stat.S_IMODE(info.st_mode):04o} that group or others "
+                         "can read, and the template holds the munge key: run `umask 077` first, or chmod 600 "
+                         "the file and run again")
+
