@@ -207,6 +207,7 @@ def test_classify_states() -> None:
     assert kind("IDLE+DRAIN+CLOUD") == kind("FAIL+CLOUD") == prolog.FAILED
     assert kind("ALLOCATED+CLOUD+POWERING_DOWN") == prolog.FAILED
     assert prolog.classify(None)[0] == prolog.WAITING
+    assert kind("") == kind("WEIRD+CLOUD") == prolog.WAITING, "an empty or unknown state is never up (issue 15)"
 
 
 # ---- chaining the site's prolog -------------------------------------------------------------------------
