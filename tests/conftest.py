@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import onedfix
 from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
 from support import make_setup
@@ -175,3 +176,26 @@ def sim():
 def setup(tmp_path, sim):
     """A deployment (config, auth file, fake scontrol) pointing at the simulator."""
     return make_setup(tmp_path / "site", sim.endpoint, AUTH)
+
+
+# ---- a real OpenNebula (tests/oned, tests/onedfix.py) ------------------------------------------------
+
+
+@pytest.fixture(scope="session", params=onedfix.VERSIONS, ids=[f"oned-{v}" for v in onedfix.VERSIONS])
+def oned(request):
+    """A real oned of each release (4 dummy hosts of 1 GPU, network slurm-net on 127.0.2.0/24, the worker
+    templates, OneGate), one per test session; SKIPPED with the reason when it cannot be started."""
+    try:
+        instance = onedfix.start(request.param)
+    except onedfix.OnedUnavailable as exc:
+        pytest.skip(str(exc))
+    yield instance
+    instance.stop()
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests of one oned release run in one xdist worker (one instance per release, not one per worker)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "oned" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"oned-{callspec.params['oned']}"))
