@@ -316,7 +316,7 @@ def check_timers(report: Report, config: Config, conf: SlurmConf) -> None:
 def check_poweroff(report: Report, config: Config) -> None:
     """suspend_action = poweroff holds the GPU of every idle node."""
     for nodeset in config.nodesets:
-        if nodeset.suspend_action == "poweroff":
+        if nodeset.suspend_action == "poweroff" and nodeset.options.get("gpus") != 0:  # gpus = 0: none held
             report.problem(f"node set {nodeset.nodes_expr}", 'suspend_action = "poweroff": a powered-off VM '
                            "keeps its GPU reserved on its host while the node is idle",
                            'use "terminate" (or "undeploy" to keep the disks)')

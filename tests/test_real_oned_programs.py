@@ -1,0 +1,171 @@
+"""The installed programs against a real oned (7.0.2 and 7.4.0, tests/oned): resume, suspend, resume-fail,
+reconcile, status and check of several nodes, a GPU shortage, a failed boot and a foreign VM.
+
+Slurm is the recording fake scontrol here (tests/support.py); real Slurm with real oned is in
+test_real_oned_e2e.py. Each test leaves the shared instance as it found it: no VM, every GPU free.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import xml.etree.ElementTree as ET
+import xmlrpc.client
+from collections.abc import Iterator
+
+import pyone
+import pytest
+from opsupport import show
+from reliability_support import run_program
+from support import Setup, make_setup
+
+from slurm_nebula_power.cli import check, status
+from slurm_nebula_power.cloud import OneCloud
+from slurm_nebula_power.config import load_config
+from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.model import DONE, Vm, vms_from_xml
+from slurm_nebula_power.shapes import generate, read_shapes
+
+GPU_NODES = "gpu[01-05]"
+
+
+def pool(oned) -> list[Vm]:
+    """Every live VM of oneadmin, through the product's own parser."""
+    text = xmlrpc.client.ServerProxy(oned.endpoint).one.vmpool.infoextended(oned.auth, -2, -1, -1, -1)[1]
+    return vms_from_xml(text)
+
+
+def gpu_holders(oned) -> dict[str, int]:
+    """Host name -> VM id for every GPU (class 0302) a VM holds."""
+    text = xmlrpc.client.ServerProxy(oned.endpoint).one.hostpool.info(oned.auth)[1]
+    held = {}
+    for host in ET.fromstring(text).iterfind("HOST"):
+        for pci in host.iterfind("HOST_SHARE/PCI_DEVICES/PCI"):
+            if pci.findtext("CLASS") == "0302" and int(pci.findtext("VMID") or -1) >= 0:
+                held[f"{host.findtext('NAME')} {pci.findtext('SHORT_ADDRESS')}"] = int(pci.findtext("VMID"))
+    return held
+
+
+def wait(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def wipe(oned) -> None:
+    """Every VM gone (terminate-hard, else recover --delete), every GPU free."""
+    one = pyone.OneServer(oned.endpoint, session=oned.auth)
+    for vm in pool(oned):
+        try:
+            one.vm.action("terminate-hard", vm.id)
+        except pyone.OneException:
+            one.vm.recover(vm.id, 3)
+    wait(lambda: not pool(oned) and not gpu_holders(oned), 60, "no VM and every GPU free")
+
+
+@pytest.fixture
+def site(oned, tmp_path) -> Iterator[Setup]:
+    wipe(oned)
+    (oned.dummy_actions / "deploy").unlink(missing_ok=True)
+    nodesets = (f'[[nodeset]]\nnodes = "{GPU_NODES}"\ntemplate = "slurm-gpu-worker"\nboot_timeout = 20\n\n'
+                '[[nodeset]]\nnodes = "cpu[01-02]"\ntemplate = "slurm-cpu-worker"\nboot_timeout = 20\n'
+                'suspend_action = "poweroff"\ngpus = 0\n')
+    setup = make_setup(tmp_path / "site", oned.endpoint, oned.auth, nodesets=nodesets,
+                       extra="reconcile_grace = 0")
+    yield setup
+    (oned.dummy_actions / "deploy").unlink(missing_ok=True)
+    wipe(oned)
+
+
+def ours(oned, node: str) -> list[Vm]:
+    return [vm for vm in pool(oned) if vm.is_ours("testcluster", node)]
+
+
+def test_resume_and_suspend_of_several_nodes(oned, site) -> None:
+    done = run_program(site, "resume", "gpu[01-03],cpu01", guard=120)
+    assert done.returncode == EXIT_OK, site.log_text()[-3000:]
+    vms = {node: ours(oned, node) for node in ("gpu01", "gpu02", "gpu03", "cpu01")}
+    assert all(len(v) == 1 and v[0].running for v in vms.values()), vms
+    [addresses] = [u for u in site.updates() if any(s.startswith("NodeAddr=") for s in u)]
+    assert addresses[1] == "NodeAddr=" + ",".join(vms[n][0].ip for n in ("cpu01", "gpu01", "gpu02", "gpu03"))
+    assert sorted(gpu_holders(oned).values()) == sorted(vms[n][0].id for n in ("gpu01", "gpu02", "gpu03"))
+    # The VMs carry the identity where a guest cannot write it, and the tags.
+    assert vms["gpu01"][0].context["SLURM_CLUSTER"] == "testcluster"
+    assert run_program(site, "suspend", "gpu[01-03],cpu01", guard=120).returncode == EXIT_OK
+    assert gpu_holders(oned) == {}, "terminate frees the GPUs"
+    [cpu] = ours(oned, "cpu01")
+    assert cpu.state_name == "POWEROFF", "the cpu node set's suspend_action"
+
+
+def test_a_gpu_shortage_hands_the_node_without_one_back(oned, site) -> None:
+    # 4 hosts x 1 GPU: the fifth node's VM stays PENDING with the scheduler's message.
+    done = run_program(site, "resume", GPU_NODES, guard=180)
+    assert done.returncode == EXIT_NODES_FAILED
+    handbacks = [u for u in site.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert len(handbacks) == 1 and len(handbacks[0][0].removeprefix("NodeName=").split(",")) == 1
+    assert "no host with a free GPU (VM PENDING past boot_timeout)" in handbacks[0][2]
+    running = [vm for vm in pool(oned) if vm.running]
+    assert len(running) == 4 and len(gpu_holders(oned)) == 4
+    assert len(pool(oned)) == 4, "the PENDING VM of the node handed back was removed"
+
+
+def test_a_failed_boot_is_recreated_then_handed_back_and_nothing_is_left(oned, site) -> None:
+    (oned.dummy_actions / "deploy").write_text("failure")  # the dummy driver fails every deploy
+    done = run_program(site, "resume", "gpu01", guard=120)
+    assert done.returncode == EXIT_NODES_FAILED
+    log = site.log_text()
+    assert "recreating it" in log and "VM failed to boot" in log
+    [handback] = [u for u in site.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert handback[0] == "NodeName=gpu01"
+    wait(lambda: not pool(oned), 30, "the failed VMs removed")
+    assert gpu_holders(oned) == {}
+
+
+def test_resume_fail_and_reconcile_remove_what_should_not_run(oned, site) -> None:
+    assert run_program(site, "resume", "gpu[01-02]", guard=120).returncode == EXIT_OK
+    assert run_program(site, "resume-fail", "gpu01", guard=120).returncode == EXIT_OK
+    assert ours(oned, "gpu01") == []
+    # gpu02 is powered down in Slurm but its VM runs: reconcile terminates it.
+    site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
+    done = run_program(site, "reconcile", guard=120)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert "gpu02: VM ACTIVE/RUNNING but node powered down -> terminate VM" in done.stdout
+    wait(lambda: not pool(oned), 30, "gpu02's VM gone")
+
+
+def test_a_foreign_vm_named_like_a_node_is_reported_never_touched(oned, site, capsys) -> None:
+    one = pyone.OneServer(oned.endpoint, session=oned.auth)
+    template = next(t.ID for t in one.templatepool.info(-2, -1, -1).VMTEMPLATE if t.NAME == "slurm-cpu-worker")
+    foreign = one.template.instantiate(template, "gpu01", False, "", False)  # someone's, by hand
+    wait(lambda: [vm for vm in pool(oned) if vm.id == foreign and vm.running], 60, "the foreign VM runs")
+    assert run_program(site, "resume", "gpu01", guard=120).returncode == EXIT_OK
+    [mine] = ours(oned, "gpu01")
+    assert mine.id != foreign
+    site.set_nodes(show("gpu01 State=IDLE+CLOUD"))
+    assert status.main(["--json", "gpu01"], site.env) == EXIT_NODES_FAILED
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["vm_id"] == mine.id and f"VM {foreign} (ACTIVE/RUNNING) is named gpu01" in row["problems"][0]
+    assert run_program(site, "suspend", "gpu01", guard=120).returncode == EXIT_OK
+    site.set_nodes(show("gpu01 State=IDLE+CLOUD+POWERED_DOWN"))
+    done = run_program(site, "reconcile", guard=120)
+    assert done.returncode == EXIT_OK and f"VM {foreign} (ACTIVE/RUNNING) is named gpu01" in done.stdout
+    [left] = pool(oned)
+    assert left.id == foreign and left.running and left.state != DONE, "never touched"
+
+
+def test_check_passes_against_the_real_oned(oned, site, capsys) -> None:
+    config = load_config(site.config, site.env)
+    shapes = [(ns, shape) for ns, shape, _ in read_shapes(config, OneCloud(config.opennebula))]
+    assert [shape.gpus for _, shape in shapes] == [1, 0], "the template's PCI GPU is seen"
+    conf = ["ClusterName=testcluster", "SlurmUser=root", *generate(config, shapes, (22, 5))]
+    (site.root / "slurm.conf").write_text("\n".join(conf) + "\n")
+    code = check.main(["--json"], site.env)
+    found = json.loads(capsys.readouterr().out)
+    problems = [f for f in found if f["level"] == "problem"]
+    assert code == EXIT_OK and problems == [], problems
+    assert any(f["subject"].startswith(f"OpenNebula {oned.endpoint}") and f"oned {oned.version}" in f["text"]
+               for f in found)
