@@ -13,7 +13,7 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
-from .model import TAG_CLUSTER, Vm, vms_from_xml
+from .model import TAG_CLUSTER, Vm, host_gpus, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class OneCloud:
         self.sleep = sleep
         self.retry_seconds = config.retry_seconds if retry_seconds is None else retry_seconds
         self.stats = CallStats()
+        self.last_vms: list[Vm] | None = None  # the latest pool query's answer (the metrics' gauges)
         self._local = threading.local()
         self._tls = ssl_context(config.https_verify) if config.endpoint.startswith("https") else None
 
@@ -107,7 +108,14 @@ class OneCloud:
         front ends.  Identity (name + tags) is checked by the caller on every VM.
         """
         text = self.call("vmpool.infoextended", lambda s: s.call("vmpool.infoextended", -3, -1, -1, -1))
-        return [vm for vm in vms_from_xml(str(text)) if vm.user_template.get(TAG_CLUSTER) == cluster]
+        vms = [vm for vm in vms_from_xml(str(text)) if vm.user_template.get(TAG_CLUSTER) == cluster]
+        self.last_vms = vms
+        return vms
+
+    def host_gpus(self) -> tuple[int, int]:
+        """(GPUs, free GPUs) on every host (one one.hostpool.info)."""
+        text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))
+        return host_gpus(str(text))
 
     def template_id(self, ref: str | int) -> int:
         """A template's numeric id, from its id or its name (one templatepool query)."""

@@ -15,7 +15,17 @@ from ..operation import Context, Outcome
 from ..resume import resume
 from ..slurm import jobs_from_resume_file
 from ..suspend import power_down
-from .common import build_context, load, make_parser, parse, report_error, setup_logging
+from .common import (
+    audit_log,
+    build_context,
+    load,
+    make_parser,
+    parse,
+    publish_metrics,
+    report_error,
+    run_figures,
+    setup_logging,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +70,31 @@ def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: li
                 jobs: dict[str, list[int]], operation: Operation, expression: str) -> int:
     start = time.monotonic()
     wait = max(ns.boot_timeout for ns in config.nodesets) + config.power.suspend_timeout
+    program = prog.removeprefix("slurm-nebula-")
+    recorder = audit_log(config, program)
+    context: Context | None = None
+    outcome: Outcome | None = None
+    result = "error"
     try:
-        context = build_context(config, environ)
+        context = build_context(config, environ, recorder=recorder)
         with NodeLocks(config.power.lock_dir, nodes, wait) as locks:
             if locks.busy:
                 log.error("%s: still locked by another run after %.0fs, left to it", fold(locks.busy), wait)
             outcome = operation(context, [n for n in nodes if n in locks.held], jobs)
             for node in locks.busy:
                 outcome.fail(node, "busy: another run holds its lock")
+        result = "failed" if outcome.failed else "ok"
     except PowerError as exc:
         report_error(prog, str(exc))
         return exc.exit_code
     except Exception:
         log.exception("%s %s: internal error", prog, expression)
         return EXIT_INTERNAL
+    finally:
+        recorder.close()
+        publish_metrics(config, run_figures(config, program, outcome, recorder,
+                                            context.cloud if context else None, time.monotonic() - start, result))
+    assert outcome is not None and context is not None
     stats = context.cloud.stats  # type: ignore[attr-defined]
     log.info("summary: %s %s: %s in %.1fs, %d API calls, %d retries", prog, expression, outcome.describe(),
              time.monotonic() - start, stats.calls, stats.retries)
