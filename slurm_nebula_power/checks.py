@@ -118,7 +118,7 @@ def _access(report: Report, user: pwd.struct_passwd, subject: str, ok: bool | No
 
 
 def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None:
-    """Config, auth file, log file and lock dir as SlurmUser sees them."""
+    """Config, auth file, log file, lock dir, audit and metrics files as SlurmUser sees them."""
     name = user.pw_name
     _access(report, user, f"configuration {config.path}", allowed(user, config.path, R),
             f"chmod o+r {config.path} (it holds no secret) and make its directories searchable")
@@ -133,6 +133,14 @@ def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None
                 f"mkdir -p {config.log.file.parent} && chown {name} {config.log.file.parent}")
     _access(report, user, f"lock_dir {config.power.lock_dir}", writable(user, config.power.lock_dir, True),
             f"mkdir -p {config.power.lock_dir} && chown {name} {config.power.lock_dir}")
+    audit = config.log.audit_file
+    if audit is not None:
+        _access(report, user, f"audit_file {audit}", writable(user, audit, False),
+                f"mkdir -p {audit.parent} && chown {name} {audit.parent}")
+    metrics = config.log.metrics_file
+    if metrics is not None:  # written to a temporary file beside it, then renamed: the directory must be writable
+        _access(report, user, f"metrics_file {metrics}", writable(user, metrics.parent, True),
+                f"mkdir -p {metrics.parent} && chown {name} {metrics.parent} (node_exporter's textfile directory)")
 
 
 # ---- OpenNebula ---------------------------------------------------------------------------------------
