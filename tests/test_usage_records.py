@@ -110,3 +110,13 @@ def test_resume_fail_and_reconcile_record_what_they_remove(tmp_path, sim) -> Non
     hosts = sim.hosts()
     assert value(found, "slurm_nebula_power_gpus_total") == sum(h.gpus_total for h in hosts)
     assert value(found, "slurm_nebula_power_gpus_free") == sum(h.gpus_free for h in hosts)
+
+
+def test_a_powered_off_vm_resumed_later_is_recorded_off_then_resumed(sim, setup) -> None:
+    assert resume_main(["cpu01"], setup.env) == EXIT_OK  # cpu[01-04]: suspend_action poweroff
+    assert suspend_main(["cpu01"], setup.env) == EXIT_OK
+    assert resume_main(["cpu01"], setup.env) == EXIT_OK
+    [vm] = vms_of(sim, "cpu01")
+    events = [(r["event"], r["vm"], r.get("action")) for r in setup.records()]
+    assert events == [("created", vm.id, "instantiate"), ("running", vm.id, None), ("off", vm.id, "poweroff"),
+                      ("resumed", vm.id, "resume"), ("running", vm.id, None)]
