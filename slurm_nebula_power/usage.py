@@ -82,11 +82,12 @@ class Row:
         return {group: self.key, "vms": sorted(self.vms), "nodes": sorted(self.nodes),
                 "gpus": list(self.gpus.values()), "vm_seconds": round(self.vm_seconds, 3),
                 "gpu_seconds": round(self.gpu_seconds, 3), "vm_hours": round(self.vm_seconds / 3600, 6),
-                "gpu_hours": round(self.gpu_seconds / 3600, 6), "from": _iso(self.first), "to": _iso(self.last),
+                "gpu_hours": round(self.gpu_seconds / 3600, 6), "from": iso(self.first), "to": iso(self.last),
                 "still_running": self.open}
 
 
-def _iso(moment: float | None) -> str | None:
+def iso(moment: float | None) -> str | None:
+    """Seconds since the epoch -> ISO 8601 UTC, to the second."""
     return None if moment is None else datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds")
 
 
@@ -217,16 +218,16 @@ def disagreements(records: Sequence[Record], live: Sequence[Vm], cluster: str, u
             found.append(f"VM {vm_id} ({vm.name}) is live in OpenNebula ({vm.state_name}) but no usage record "
                          "names it: its usage is not counted")
         elif latest.event == "removed":
-            found.append(f"VM {vm_id} ({vm.name}): the records say removed at {_iso(latest.time)}, but "
+            found.append(f"VM {vm_id} ({vm.name}): the records say removed at {iso(latest.time)}, but "
                          f"OpenNebula still has it {vm.state_name}: its usage after that is not counted")
         elif latest.event == "off" and vm.running:
-            found.append(f"VM {vm_id} ({vm.name}): the records say off at {_iso(latest.time)}, but OpenNebula "
+            found.append(f"VM {vm_id} ({vm.name}): the records say off at {iso(latest.time)}, but OpenNebula "
                          f"has it {vm.state_name}: its usage after that is not counted")
     for interval in intervals(records):
         if interval.end is None and interval.vm not in ours:
             found.append(f"VM {interval.vm} ({interval.node}): the records say running since "
-                         f"{_iso(interval.start)} and never removed, but OpenNebula has no live VM "
-                         f"{interval.vm}: counted until {_iso(until)}, an overestimate")
+                         f"{iso(interval.start)} and never removed, but OpenNebula has no live VM "
+                         f"{interval.vm}: counted until {iso(until)}, an overestimate")
     return found
 
 

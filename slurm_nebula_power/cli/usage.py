@@ -18,6 +18,7 @@ from ..usage import (
     audit_files,
     disagreements,
     intervals,
+    iso,
     parse_when,
     read_audit,
     render,
@@ -83,8 +84,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         report_error(PROG, str(exc), quiet=True)
         return exc.exit_code
     if args.json:
-        print(json.dumps({"by": args.by, "since": since, "until": until, "rows": [r.as_dict(args.by) for r in rows],
-                          "disagreements": disagree, "unreadable_lines": unreadable,
+        print(json.dumps({"by": args.by, "since": iso(since), "until": iso(until),
+                          "rows": [r.as_dict(args.by) for r in rows], "disagreements": disagree,
+                          "unreadable_lines": unreadable,
                           "files": [str(p) for p in paths]}, indent=2))
     elif args.csv:
         out = io.StringIO()
