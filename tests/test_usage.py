@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 from opsupport import ours
@@ -13,7 +14,7 @@ from simfixtures import vms_of
 
 from slurm_nebula_power.cli import usage as usage_cli
 from slurm_nebula_power.cli.main import resume_main, suspend_main
-from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
+from slurm_nebula_power.errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 from slurm_nebula_power.model import Vm
 from slurm_nebula_power.records import Record
 from slurm_nebula_power.usage import disagreements, intervals, parse_when, summarize
@@ -154,3 +155,18 @@ def test_usage_without_an_audit_file_or_with_a_bad_window_is_one_line_and_exit_2
     code = usage_cli.main([], setup.env)
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and "log.audit_file is not set" in err and len(err.splitlines()) == 1
+
+
+def test_a_missing_record_file_or_an_unreachable_opennebula_is_one_line(setup, capsys, tmp_path) -> None:
+    code = usage_cli.main(["--file", str(tmp_path / "nope.jsonl")], setup.env)
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and len(err.splitlines()) == 1 and "nope.jsonl: cannot read the usage records" in err
+    setup.audit.write_text("")
+    text = setup.config.read_text()
+    setup.config.write_text(re.sub(r'endpoint = ".*"', 'endpoint = "http://127.0.0.1:9/RPC2"', text))
+    setup.config.write_text(setup.config.read_text().replace("retry_seconds = 10", "retry_seconds = 0.5"))
+    code = usage_cli.main(["--json"], setup.env)
+    out, err = capsys.readouterr()
+    assert code == EXIT_INTERNAL and out == "" and len(err.splitlines()) == 1 and "connection failed" in err
+    assert usage_cli.main(["--no-cloud"], setup.env) == EXIT_OK
+    assert "no usage in this window" in capsys.readouterr().out

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     now = time.time()
     try:
         config = load(args, env)
-        quiet_logging(PROG, logging.WARNING)
+        quiet_logging(PROG, logging.ERROR)  # retries are not news here: the outcome is
         since = parse_when(args.since, now) if args.since else None
         until = parse_when(args.until, now) if args.until else now
         if since is not None and since >= until:
@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         rows = summarize(found, args.by, since, until, nodeset_of)
         disagree: list[str] | None = None
         if not args.no_cloud:
-            live = open_cloud(config, retry_seconds=10).cluster_vms(config.slurm.cluster)
+            live = open_cloud(config, retry_seconds=min(config.opennebula.retry_seconds, 10.0)).cluster_vms(
+                config.slurm.cluster)
             disagree = disagreements(records, live, config.slurm.cluster, until)
     except PowerError as exc:
         report_error(PROG, str(exc), quiet=True)
