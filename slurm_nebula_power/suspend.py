@@ -28,14 +28,14 @@ class _Down:
     def __post_init__(self) -> None:
         self.placed = self.vm if self.vm.host else None
 
-    def record(self, ctx: Context, action: str | None = None) -> None:
+    def record(self, ctx: Context) -> None:
         """The usage record of a VM this run took down: removed (DONE, or dropped) or off."""
         if self.issued is None:
             return  # found down already: not this run's doing
         seen = self.vm if self.placed is None else replace(self.placed, state=self.vm.state,
                                                             lcm_state=self.vm.lcm_state)
         event = "removed" if self.vm.state == DONE or self.issued == "recover-delete" else "off"
-        ctx.recorder.record(event, self.node, seen, action=action or self.issued)
+        ctx.recorder.record(event, self.node, seen, action=self.issued)
 
 
 def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Outcome:
