@@ -220,6 +220,9 @@ def disagreements(records: Sequence[Record], live: Sequence[Vm], cluster: str, u
         elif latest.event == "removed":
             found.append(f"VM {vm_id} ({vm.name}): the records say removed at {iso(latest.time)}, but "
                          f"OpenNebula still has it {vm.state_name}: its usage after that is not counted")
+        elif latest.event == "failed":
+            found.append(f"VM {vm_id} ({vm.name}): the records say it failed at {iso(latest.time)} and was not "
+                         f"removed, and OpenNebula has it {vm.state_name}: reconcile removes it")
         elif latest.event == "off" and vm.running:
             found.append(f"VM {vm_id} ({vm.name}): the records say off at {iso(latest.time)}, but OpenNebula "
                          f"has it {vm.state_name}: its usage after that is not counted")

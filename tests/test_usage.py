@@ -4,6 +4,7 @@ window, the groupings, and the disagreements with OpenNebula."""
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import re
@@ -17,7 +18,7 @@ from slurm_nebula_power.cli.main import resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 from slurm_nebula_power.model import Vm
 from slurm_nebula_power.records import Record
-from slurm_nebula_power.usage import disagreements, intervals, parse_when, summarize
+from slurm_nebula_power.usage import audit_files, disagreements, intervals, parse_when, read_audit, summarize
 
 T0 = 1_764_547_200.0  # 2025-12-01T00:00:00Z
 GPU_A = {"address": "0000:41:00.0", "vendor": "10de"}
@@ -81,15 +82,18 @@ def test_the_window_clips_intervals_and_days_split_at_utc_midnight() -> None:
 
 def test_disagreements_name_vms_live_against_the_records_and_records_without_a_vm() -> None:
     live = [Vm(id=2, name="gpu02", state=3, lcm_state=3, user_template=ours("gpu02")),
+            Vm(id=7, name="gpu07", state=3, lcm_state=2, user_template=ours("gpu07")),
             Vm(id=6, name="gpu06", state=3, lcm_state=3, user_template=ours("gpu06")),
             Vm(id=9, name="other", state=3, lcm_state=3)]  # not ours: never named
-    records = [*RECORDS, rec("running", 500, 5, "gpu05", host="h1", gpus=[GPU_A])]
+    records = [*RECORDS, rec("running", 500, 5, "gpu05", host="h1", gpus=[GPU_A]), rec("failed", 600, 7, "gpu07")]
     found = disagreements(records, live, "testcluster", T0 + 86400)
-    assert len(found) == 3
+    assert len(found) == 4
     assert found[0].startswith("VM 2 (gpu02): the records say removed at 2025-12-01T02:03:20+00:00, but "
                                "OpenNebula still has it ACTIVE/RUNNING")
     assert found[1].startswith("VM 6 (gpu06) is live in OpenNebula (ACTIVE/RUNNING) but no usage record")
-    assert found[2].startswith("VM 5 (gpu05): the records say running since") and "no live VM 5" in found[2]
+    assert found[2].startswith("VM 7 (gpu07): the records say it failed at 2025-12-01T00:10:00+00:00 and was "
+                               "not removed, and OpenNebula has it ACTIVE/BOOT")
+    assert found[3].startswith("VM 5 (gpu05): the records say running since") and "no live VM 5" in found[3]
 
 
 @pytest.mark.parametrize("text", ["yesterday", "2025-13-01", "7w", ""])
@@ -170,3 +174,17 @@ def test_a_missing_record_file_or_an_unreachable_opennebula_is_one_line(setup, c
     assert code == EXIT_INTERNAL and out == "" and len(err.splitlines()) == 1 and "connection failed" in err
     assert usage_cli.main(["--no-cloud"], setup.env) == EXIT_OK
     assert "no usage in this window" in capsys.readouterr().out
+
+
+def test_the_rotated_record_files_are_read_oldest_first_gzip_too(tmp_path) -> None:
+    path = tmp_path / "audit.jsonl"
+    lines = [rec("created", 0, 1, jobs=[7]), rec("running", 100, 1, host="h1", gpus=[GPU_A]),
+             rec("removed", 3700, 1)]
+    (tmp_path / "audit.jsonl.2.gz").write_bytes(gzip.compress((lines[0].to_json() + "\n").encode()))
+    (tmp_path / "audit.jsonl.1").write_text(lines[1].to_json() + "\n")
+    path.write_text(lines[2].to_json() + "\n")
+    (tmp_path / "audit.jsonl.lock").write_text("")  # not a rotated file
+    files = audit_files(path)
+    assert [f.name for f in files] == ["audit.jsonl.2.gz", "audit.jsonl.1", "audit.jsonl"]
+    records, problems = read_audit(files)
+    assert problems == [] and [i.end - i.start for i in intervals(records)] == [3600]
