@@ -120,3 +120,13 @@ def test_a_powered_off_vm_resumed_later_is_recorded_off_then_resumed(sim, setup)
     events = [(r["event"], r["vm"], r.get("action")) for r in setup.records()]
     assert events == [("created", vm.id, "instantiate"), ("running", vm.id, None), ("off", vm.id, "poweroff"),
                       ("resumed", vm.id, "resume"), ("running", vm.id, None)]
+
+
+def test_a_reconcile_dry_run_writes_neither_records_nor_metrics(tmp_path, sim) -> None:
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, extra="reconcile_grace = 0")
+    sim.add_vm("gpu03", ours("gpu03"))
+    setup.set_nodes(show("gpu03 State=IDLE+CLOUD+POWERED_DOWN"))
+    assert reconcile.main(["--dry-run"], setup.env) == EXIT_OK
+    assert not setup.audit.exists() and not setup.metrics.exists()
+    assert reconcile.main([], setup.env) == EXIT_OK
+    assert [r["event"] for r in setup.records()] == ["removed"] and setup.metrics.exists()
