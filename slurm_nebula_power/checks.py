@@ -121,7 +121,7 @@ def _access(report: Report, user: pwd.struct_passwd, subject: str, ok: bool | No
 
 
 def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None:
-    """Config, auth file, log file and lock dir as SlurmUser sees them."""
+    """Config, auth file, log file, lock dir, audit and metrics files as SlurmUser sees them."""
     name = user.pw_name
     _access(report, user, f"configuration {config.path}", allowed(user, config.path, R),
             f"chmod o+r {config.path} (it holds no secret) and make its directories searchable")
@@ -136,6 +136,14 @@ def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None
                 f"mkdir -p {config.log.file.parent} && chown {name} {config.log.file.parent}")
     _access(report, user, f"lock_dir {config.power.lock_dir}", writable(user, config.power.lock_dir, True),
             f"mkdir -p {config.power.lock_dir} && chown {name} {config.power.lock_dir}")
+    audit = config.log.audit_file
+    if audit is not None:
+        _access(report, user, f"audit_file {audit}", writable(user, audit, False),
+                f"mkdir -p {audit.parent} && chown {name} {audit.parent}")
+    metrics = config.log.metrics_file
+    if metrics is not None:  # written to a temporary file beside it, then renamed: the directory must be writable
+        _access(report, user, f"metrics_file {metrics}", writable(user, metrics.parent, True),
+                f"mkdir -p {metrics.parent} && chown {name} {metrics.parent} (node_exporter's textfile directory)")
 
 
 def others_can_write(path: Path) -> bool:
@@ -316,7 +324,7 @@ def check_timers(report: Report, config: Config, conf: SlurmConf) -> None:
 def check_poweroff(report: Report, config: Config) -> None:
     """suspend_action = poweroff holds the GPU of every idle node."""
     for nodeset in config.nodesets:
-        if nodeset.suspend_action == "poweroff" and nodeset.options.get("gpus") != 0:  # gpus = 0: none held
+        if nodeset.suspend_action == "poweroff":
             report.problem(f"node set {nodeset.nodes_expr}", 'suspend_action = "poweroff": a powered-off VM '
                            "keeps its GPU reserved on its host while the node is idle",
                            'use "terminate" (or "undeploy" to keep the disks)')

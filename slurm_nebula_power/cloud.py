@@ -14,7 +14,7 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
-from .model import Vm, vms_from_xml
+from .model import Vm, host_gpus, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class OneCloud:
         self.sleep = sleep
         self.retry_seconds = config.retry_seconds if retry_seconds is None else retry_seconds
         self.stats = CallStats()
+        self.last_vms: list[Vm] | None = None  # the latest pool query's answer (the metrics' gauges)
         self._local = threading.local()
         self._tls = ssl_context(config.https_verify) if config.endpoint.startswith("https") else None
 
@@ -116,7 +117,15 @@ class OneCloud:
         front ends.  Every VM of the user is returned, so VMs named like our nodes that fail identity
         can be reported; a document that does not parse is a transient error, retried like any other.
         """
-        return self.call("vmpool.infoextended", lambda s: _parse_pool(s.call("vmpool.infoextended", -3, -1, -1, -1)))
+        vms: list[Vm] = self.call("vmpool.infoextended",
+                                  lambda s: _parse_pool(s.call("vmpool.infoextended", -3, -1, -1, -1)))
+        self.last_vms = vms
+        return vms
+
+    def host_gpus(self) -> tuple[int, int]:
+        """(GPUs, free GPUs) on every host (one one.hostpool.info)."""
+        text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))
+        return host_gpus(str(text))
 
     def template_id(self, ref: str | int) -> int:
         """A template's numeric id, from its id or its name (one templatepool query)."""

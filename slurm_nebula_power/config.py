@@ -59,6 +59,8 @@ class LogConfig:
 
     file: Path | None = None
     level: str = "info"
+    audit_file: Path | None = None  # usage records, one JSON line per VM event
+    metrics_file: Path | None = None  # Prometheus text file (node_exporter's textfile collector)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,10 @@ def _http(value: Any) -> str | None:
     return "must be an http:// or https:// XML-RPC URL such as http://frontend:2633/RPC2 (pyone's gRPC is unusable)"
 
 
+def _prom(value: Any) -> str | None:
+    return None if value.endswith(".prom") else "must end in .prom (node_exporter's textfile collector reads *.prom)"
+
+
 NUMBER = (int, float)
 SCHEMA: dict[str, dict[str, Key]] = {
     "opennebula": {
@@ -189,6 +195,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "log": {
         "file": Key((str,), None),
         "level": Key((str,), "info", _one_of(LOG_LEVELS)),
+        "audit_file": Key((str,), None),
+        "metrics_file": Key((str,), None, _prom),
     },
     "power": {
         "detach": Key((bool,), False),
@@ -366,7 +374,9 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
             slurm_conf=slurm_conf,
             prolog_chain=Path(slurm["prolog_chain"]) if slurm["prolog_chain"] else None,
         ),
-        log=LogConfig(file=_relative_to(base, log["file"]) if log["file"] else None, level=log["level"]),
+        log=LogConfig(file=_relative_to(base, log["file"]) if log["file"] else None, level=log["level"],
+                      audit_file=_relative_to(base, log["audit_file"]) if log["audit_file"] else None,
+                      metrics_file=_relative_to(base, log["metrics_file"]) if log["metrics_file"] else None),
         power=PowerConfig(**power),
         nodesets=nodesets,
     )

@@ -176,16 +176,29 @@ def _plan(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]], node
             for vm in view.impostors:  # reported every run, never acted on
                 log.warning("node=%s vm=%d: %s", view.node, vm.id, impostor_problem(vm))
                 emit(f"{view.node}: {impostor_problem(vm)}")
-    found = [(view, diagnose(view, now, ctx.config.power.reconcile_grace)) for view in views]
+    return [(view, diagnose(view, now, ctx.config.power.reconcile_grace)) for view in views]
+
+
+def _repairs(found: list[tuple[NodeView, Diagnosis]]) -> list[tuple[NodeView, Diagnosis]]:
     return [(view, diagnosis) for view, diagnosis in found if diagnosis.repair is not None]
+
+
+Observer = Callable[[Sequence[tuple[NodeView, Diagnosis]]], None]
 
 
 def reconcile(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]],
               nodes: Sequence[str] | None = None, dry_run: bool = False, emit: Callable[[str], None] = print,
-              now: Callable[[], float] = time.time, lock_wait: float = LOCK_WAIT) -> Outcome:
-    """Find drift and repair it (or, with dry_run, say what would be done); one line per node to emit."""
+              now: Callable[[], float] = time.time, lock_wait: float = LOCK_WAIT,
+              observe: Observer | None = None) -> Outcome:
+    """Find drift and repair it (or, with dry_run, say what would be done); one line per node to emit.
+
+    observe, if given, sees the first survey whole (every node and its diagnosis: the metrics' gauges).
+    """
     outcome = Outcome()
-    todo = _plan(ctx, read_states, nodes, now(), emit)
+    found = _plan(ctx, read_states, nodes, now(), emit)
+    if observe is not None:
+        observe(found)
+    todo = _repairs(found)
     if not todo:
         emit("nothing to repair")
         return outcome
@@ -200,7 +213,7 @@ def reconcile(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]],
             log.info("node=%s reconcile skipped: busy", node)
         if not locks.held:
             return outcome
-        todo = _plan(ctx, read_states, locks.held, now())  # the world may have moved while we waited
+        todo = _repairs(_plan(ctx, read_states, locks.held, now()))  # the world may have moved meanwhile
         _repair(ctx, todo, outcome, emit)
     return outcome
 
@@ -228,6 +241,9 @@ def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outco
         except SlurmError as exc:
             for node in nodes:
                 failed[node] = f"hand back failed: {exc}"
+            continue
+        for node in nodes:
+            ctx.recorder.record("handed_back", node, reason=f"reconcile: {reason}")
     for node, repair in repairs.items():
         if node in failed:
             outcome.fail(node, failed[node])

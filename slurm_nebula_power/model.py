@@ -80,6 +80,29 @@ def state_name(state: int) -> str:
 
 
 @dataclass(frozen=True)
+class Pci:
+    """One TEMPLATE/PCI device of a VM as oned assigned it (ADDRESS and SHORT_ADDRESS once deployed)."""
+
+    address: str = ""
+    short_address: str = ""
+    vendor: str = ""
+    device: str = ""
+    klass: str = ""
+    profile: str = ""  # vGPU / MIG profile
+    type: str = ""  # "NIC" for an SR-IOV network function (not a GPU)
+
+    @property
+    def is_gpu(self) -> bool:
+        """A GPU: not a NIC, and a display controller (PCI class 03xx) when the class is known."""
+        return self.type.upper() != "NIC" and (not self.klass or self.klass.startswith("03"))
+
+    @property
+    def assigned(self) -> bool:
+        """oned gave the VM a host device (the host's share holds it)."""
+        return bool(self.address)
+
+
+@dataclass(frozen=True)
 class Vm:
     """What the programs need to know of one VM."""
 
@@ -92,6 +115,18 @@ class Vm:
     stime: int = 0
     user_template: Mapping[str, str] = field(default_factory=dict)
     context: Mapping[str, str] = field(default_factory=dict)  # TEMPLATE/CONTEXT (not USER_TEMPLATE/CONTEXT)
+    pci: tuple[Pci, ...] = ()
+
+    @property
+    def gpus(self) -> tuple[Pci, ...]:
+        """The VM's GPUs (TEMPLATE/PCI entries that are not NICs)."""
+        return tuple(p for p in self.pci if p.is_gpu)
+
+    @property
+    def job_ids(self) -> tuple[int, ...]:
+        """The job ids resume tagged the VM with (USER_TEMPLATE SLURM_JOB_IDS)."""
+        text = str(self.user_template.get(TAG_JOBS, ""))
+        return tuple(int(j) for j in text.split(",") if j.strip().isdigit())
 
     @property
     def state_name(self) -> str:
@@ -173,6 +208,13 @@ def vms_from_xml(text: str) -> list[Vm]:
 
 
 _VM_FIELDS = frozenset(("ID", "NAME", "STATE", "LCM_STATE", "STIME"))
+_PCI_FIELDS = {"ADDRESS": "address", "SHORT_ADDRESS": "short_address", "VENDOR": "vendor", "DEVICE": "device",
+               "CLASS": "klass", "PROFILE": "profile", "TYPE": "type"}
+
+
+def _pci(element: ET.Element) -> Pci:
+    values = {_PCI_FIELDS[item.tag]: (item.text or "").strip() for item in element if item.tag in _PCI_FIELDS}
+    return Pci(**values)
 
 
 def _vm_from_element(vm: ET.Element) -> Vm:
@@ -181,6 +223,7 @@ def _vm_from_element(vm: ET.Element) -> Vm:
     host: str | None = None
     tags: dict[str, str] | None = None
     context: dict[str, str] | None = None
+    pci: list[Pci] = []
     for child in vm:
         tag = child.tag
         if tag in _VM_FIELDS:
@@ -193,6 +236,8 @@ def _vm_from_element(vm: ET.Element) -> Vm:
             found = child.find("CONTEXT")
             if found is not None and context is None:
                 context = {item.tag: item.text or "" for item in found if len(item) == 0}
+            # TEMPLATE/PCI by its full path: a guest can write USER_TEMPLATE (OneGate), never TEMPLATE
+            pci.extend(_pci(item) for item in child.iterfind("PCI"))
         elif tag == "USER_TEMPLATE" and tags is None:
             tags = {item.tag: item.text or "" for item in child if len(item) == 0}
         elif tag == "HISTORY_RECORDS":
@@ -201,4 +246,15 @@ def _vm_from_element(vm: ET.Element) -> Vm:
     return Vm(id=int(fields.get("ID") or -1), name=fields.get("NAME") or "",
               state=int(fields.get("STATE") or 0), lcm_state=int(fields.get("LCM_STATE") or 0),
               ip=ip, host=host, stime=int(fields.get("STIME") or 0), user_template=tags or {},
-              context=context or {})
+              context=context or {}, pci=tuple(pci))
+
+
+def host_gpus(text: str) -> tuple[int, int]:
+    """(GPUs, free GPUs) over a HOST_POOL document: HOST_SHARE/PCI_DEVICES/PCI entries of class 03xx,
+    free when their VMID is -1."""
+    total = free = 0
+    for pci in ET.fromstring(text).iterfind("HOST/HOST_SHARE/PCI_DEVICES/PCI"):
+        if (pci.findtext("CLASS") or "").strip().startswith("03"):
+            total += 1
+            free += (pci.findtext("VMID") or "").strip() == "-1"
+    return total, free

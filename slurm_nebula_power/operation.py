@@ -34,6 +34,21 @@ class Cloud(Protocol):
     def version(self) -> str: ...
 
 
+class Recorder(Protocol):
+    """Where the operations report VM events (audit.AuditLog writes them as usage records)."""
+
+    def record(self, event: str, node: str, vm: Vm | None = None, vm_id: int | None = None,
+               jobs: Sequence[int] = (), reason: str | None = None, action: str | None = None) -> None: ...
+
+
+class NoRecorder:
+    """Records nothing (tests, the operator commands that change nothing)."""
+
+    def record(self, event: str, node: str, vm: Vm | None = None, vm_id: int | None = None,
+               jobs: Sequence[int] = (), reason: str | None = None, action: str | None = None) -> None:
+        """Do nothing."""
+
+
 @dataclass
 class Outcome:
     """Partial success as a value: nodes done, nodes failed grouped by reason."""
@@ -69,6 +84,7 @@ class Context:
     sleep: Callable[[float], None] = time.sleep
     on_vm: Callable[[str, Vm], None] | None = None  # progress observer (the demo)
     poll_first: float = 0.25
+    recorder: Recorder = field(default_factory=NoRecorder)  # usage records (the audit file)
 
     @property
     def cluster(self) -> str:
@@ -116,8 +132,9 @@ def timed(what: str, node: str, vm_id: int | None, fn: Callable[[], Any]) -> Any
 class Removals:
     """The VMs one run is removing: each is removed once, whichever part of the run finds it first."""
 
-    def __init__(self, cloud: Cloud) -> None:
+    def __init__(self, cloud: Cloud, recorder: Recorder | None = None) -> None:
         self.cloud = cloud
+        self.recorder = recorder or NoRecorder()
         self.ids: set[int] = set()
         self._lock = threading.Lock()
 
@@ -142,9 +159,12 @@ class Removals:
         """Remove one claimed VM of ours, logging the action; errors are logged, reconcile retries."""
         self.claim(vm.id)
         try:
-            timed("remove", node, vm.id, lambda: remove_vm(self.cloud, vm))
+            action = timed("remove", node, vm.id, lambda: remove_vm(self.cloud, vm))
         except CloudError as exc:
             log.error("node=%s vm=%d could not be removed, reconcile will: %s", node, vm.id, exc)
+            return
+        # Not awaited: the action is accepted and frees the host's share (GPU included) as oned ends it.
+        self.recorder.record("removed", node, vm, action=action)
 
 
 def unseen_vm(vm_id: int, node: str) -> Vm:
@@ -156,6 +176,7 @@ def hand_back(ctx: Context, outcome: Outcome, nodes: Sequence[str], reason: str)
     """Record nodes as failed and give them back to Slurm now, so their jobs requeue."""
     for node in nodes:
         outcome.fail(node, reason)
+        ctx.recorder.record("handed_back", node, reason=reason)
     try:
         ctx.slurm.hand_back(list(nodes), reason)
         log.warning("handed %s back to Slurm: %s", fold(nodes), reason)

@@ -43,6 +43,7 @@ class Boot:
     attempts: int = 0
     addr: str | None = None
     seen: str = ""
+    running: int | None = None  # the VM recorded running
 
 
 def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]) -> Outcome:
@@ -81,7 +82,7 @@ class _Resume:
         self.ctx = ctx
         self.jobs = jobs
         self.outcome = outcome
-        self.removals = Removals(ctx.cloud)
+        self.removals = Removals(ctx.cloud, ctx.recorder)
         self.templates: dict[int, tuple[int, dict[str, Any]]] = {}  # id(nodeset) -> (template id, CONTEXT)
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
 
@@ -125,11 +126,13 @@ class _Resume:
 
     def _start(self, boot: Boot, plan: Plan) -> int:
         ctx = self.ctx
+        jobs = self.jobs.get(boot.node, ())
         for duplicate in plan.duplicates:
             self.removals.remove(boot.node, duplicate)
         if plan.action in ("resume", "release") and plan.vm is not None:
             vm_id = plan.vm.id
             timed(plan.action, boot.node, vm_id, lambda: ctx.cloud.action(plan.action, vm_id))
+            ctx.recorder.record("resumed", boot.node, plan.vm, jobs=jobs, action=plan.action)
             return vm_id
         if plan.action == "wait" and plan.vm is not None:
             return plan.vm.id
@@ -138,13 +141,15 @@ class _Resume:
             log.warning("node=%s vm=%d is %s: recreating it", boot.node, old.id, old.state_name)
             self.removals.claim(old.id)
             try:
-                timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
+                action = timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
             except CloudError:
                 self.removals.release(old.id)  # still ours to remove: the sweep or reconcile will
                 raise
+            ctx.recorder.record("removed", boot.node, old, action=action)
         tid, context = self.templates[id(boot.nodeset)]
-        extra = extra_template(ctx.cluster, boot.node, self.jobs.get(boot.node, ()), context)
+        extra = extra_template(ctx.cluster, boot.node, jobs, context)
         result: int = timed("instantiate", boot.node, None, lambda: ctx.cloud.instantiate(tid, boot.node, extra))
+        ctx.recorder.record("created", boot.node, vm_id=result, jobs=jobs, action="instantiate")
         return result
 
     # -- watching --
@@ -275,6 +280,9 @@ class _Resume:
         if vm.state_name != boot.seen:
             log.info("node=%s vm=%d state=%s ip=%s", boot.node, vm.id, vm.state_name, vm.ip)
             boot.seen = vm.state_name
+        if vm.running and boot.running != vm.id:
+            boot.running = vm.id
+            self.ctx.recorder.record("running", boot.node, vm, jobs=self.jobs.get(boot.node, ()))
         if vm.failed:
             return self._retry_or(boot, now, f"VM failed to boot ({vm.state_name})")
         if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
@@ -300,6 +308,9 @@ class _Resume:
         for boot in failed:
             vm = None if boot.vm_id is None else snapshot.get(boot.vm_id, unseen_vm(boot.vm_id, boot.node))
             log.error("node=%s vm=%s failed: %s", boot.node, boot.vm_id, reason)
+            seen = None if boot.vm_id is None else snapshot.get(boot.vm_id)
+            self.ctx.recorder.record("failed", boot.node, seen, vm_id=boot.vm_id, reason=reason,
+                                     jobs=self.jobs.get(boot.node, ()))
             if vm is not None and vm.id not in self.removals:
                 removals.append(self.pool.submit(self.removals.remove, boot.node, vm))
         for removal in removals:

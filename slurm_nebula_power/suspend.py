@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .backoff import Backoff
 from .errors import ActionRefused, CloudError
 from .hostlists import fold
-from .model import DONE, Vm, ours_by_node
+from .model import ACTIVE, DONE, Vm, ours_by_node
 from .operation import Context, Outcome, cloud_reason, log_by_kind, timed
 from .plan import SATISFIED, next_down_action
 
@@ -23,6 +23,19 @@ class _Down:
     vm: Vm
     action: str
     issued: str | None = None
+    placed: Vm | None = None  # the VM as last seen on a host (its GPUs), for the usage record
+
+    def __post_init__(self) -> None:
+        self.placed = self.vm if self.vm.host else None
+
+    def record(self, ctx: Context) -> None:
+        """The usage record of a VM this run took down: removed (DONE, or dropped) or off."""
+        if self.issued is None:
+            return  # found down already: not this run's doing
+        seen = self.vm if self.placed is None else replace(self.placed, state=self.vm.state,
+                                                            lcm_state=self.vm.lcm_state)
+        event = "removed" if self.vm.state == DONE or self.issued == "recover-delete" else "off"
+        ctx.recorder.record(event, self.node, seen, action=self.issued)
 
 
 def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Outcome:
@@ -67,11 +80,16 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
             now = ctx.clock()
             escalate = now >= start + config.power.suspend_timeout / 2
             pending = [t for t in tasks if t.vm.state not in SATISFIED[t.action]]
-            log_by_kind((f"now {t.vm.state_name}", t.node, t.vm)
-                        for t in tasks if t.vm.state in SATISFIED[t.action])
+            satisfied = [t for t in tasks if t.vm.state in SATISFIED[t.action]]
+            log_by_kind((f"now {t.vm.state_name}", t.node, t.vm) for t in satisfied)
+            for task in satisfied:
+                task.record(ctx)
             last = now >= deadline
             futures = [pool.submit(_step_down, ctx, task, escalate, force, last) for task in pending]
             acted = [future.result() for future in futures]
+            for task in pending:
+                if task.issued == "recover-delete":
+                    task.record(ctx)  # dropped at once: oned frees its host share now
             tasks = [t for t in pending if t.issued != "recover-delete"]
             if now >= deadline:
                 for task in tasks:
@@ -89,6 +107,8 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
                 continue
             for task in tasks:
                 task.vm = snapshot.get(task.vm.id, _gone(task.vm))
+                if task.vm.host and task.vm.state == ACTIVE:  # still holding its host share
+                    task.placed = task.vm
                 ctx.observe(task.node, task.vm)
     settled = set(outcome.failed_nodes) | set(outcome.done)
     outcome.done.extend(n for n in wanted if n not in settled)

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 import onedfix
+import pytest
 from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
 from support import make_setup
@@ -146,7 +146,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `slurm`-marked tests with an install hint when the binaries are missing."""
+    """Skip `slurm`-marked tests with an install hint when the binaries are missing; keep the tests of one
+    oned release on one xdist worker (one instance per release, not one per worker)."""
     try:
         find_binaries()
     except SlurmUnavailable as exc:
@@ -154,6 +155,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "slurm" in item.keywords:
                 item.add_marker(skip)
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "oned" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"oned-{callspec.params['oned']}"))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -191,11 +196,3 @@ def oned(request):
         pytest.skip(str(exc))
     yield instance
     instance.stop()
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Tests of one oned release run in one xdist worker (one instance per release, not one per worker)."""
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "oned" in callspec.params:
-            item.add_marker(pytest.mark.xdist_group(f"oned-{callspec.params['oned']}"))

@@ -112,6 +112,9 @@ class E2E:
     boot_timeout: float
     _handler: logging.Handler | None = field(default=None, repr=False)
     _watching: threading.Event = field(default_factory=threading.Event, repr=False)
+    # (time.time(), vm id, state_str, host) each time the watcher saw a VM change state: the truth usage is
+    # checked against (the watcher looks every 0.05 s)
+    timeline: list[tuple[float, int, str, str | None]] = field(default_factory=list, repr=False)
 
     def watch_vms(self, interval: float = 0.05) -> None:
         """Log every VM state change to simulator.log (a failing test's report shows the VMs' life)."""
@@ -124,8 +127,11 @@ class E2E:
                     vms = self.sim.vms()
                 except Exception:  # the simulator is stopping
                     return
+                stamp = time.time()
                 for vm in vms:
                     now = (vm.state_str, vm.host, vm.ip, vm.user_template.get("SLURM_JOB_IDS"))
+                    if seen.get(vm.id, (None,))[0] != vm.state_str:
+                        self.timeline.append((stamp, vm.id, vm.state_str, vm.host))
                     if seen.get(vm.id) != now:
                         seen[vm.id] = now
                         log.info("vm=%d name=%s state=%s host=%s ip=%s jobs=%s", vm.id, vm.name, *now)
@@ -133,6 +139,20 @@ class E2E:
         threading.Thread(target=run, name="e2e-vm-watch", daemon=True).start()
 
     # ---- files --------------------------------------------------------------------------------------
+    def seen_in(self, vm_id: int, state_str: str) -> tuple[float, str | None]:
+        """When the watcher first saw the VM in this state (time.time()), and on which host."""
+        return next((t, host) for t, vm, state, host in self.timeline if vm == vm_id and state == state_str)
+
+    @property
+    def audit_file(self) -> Path:
+        """The usage records ([log] audit_file)."""
+        return self.cluster.log_dir / "audit.jsonl"
+
+    @property
+    def metrics_file(self) -> Path:
+        """The metrics ([log] metrics_file)."""
+        return self.cluster.base / "nebula-power.prom"
+
     @property
     def program_log(self) -> Path:
         """Where our three programs log (nebula-power.toml [log] file)."""
@@ -257,6 +277,8 @@ def start_e2e(
         [log]
         file = "{cluster.log_dir / 'nebula-power.log'}"
         level = "debug"
+        audit_file = "{cluster.log_dir / 'audit.jsonl'}"
+        metrics_file = "{base / 'nebula-power.prom'}"
 
         [power]
         lock_dir = "{base / 'locks'}"

@@ -94,6 +94,22 @@ class Setup:
         """What `scontrol show job -o` prints; "error: ..." makes it fail with that message instead."""
         (self.scontrol_dir / "scontrol.job").write_text(text)
 
+    @property
+    def audit(self) -> Path:
+        """The usage records file ([log] audit_file)."""
+        return self.root / "audit.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        """The metrics file ([log] metrics_file)."""
+        return self.root / "nebula-power.prom"
+
+    def records(self) -> list[dict]:
+        """Every usage record so far, in file order."""
+        if not self.audit.exists():
+            return []
+        return [json.loads(line) for line in self.audit.read_text().splitlines()]
+
     def log_text(self) -> str:
         """Everything our programs logged."""
         return self.log.read_text() if self.log.exists() else ""
@@ -141,6 +157,8 @@ def make_setup(root: Path, endpoint: str, auth: str, nodesets: str | None = None
         [log]
         file = "{root / 'nebula-power.log'}"
         level = "debug"
+        audit_file = "{root / 'audit.jsonl'}"
+        metrics_file = "{root / 'nebula-power.prom'}"
 
         [power]
         lock_dir = "{root / 'locks'}"

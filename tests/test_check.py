@@ -124,6 +124,17 @@ def test_auth_file_slurm_user_cannot_read_is_found(site, capsys) -> None:
     assert f"auth file {auth}: SlurmUser {user} has no access -> fix: {fix}" in found
 
 
+def test_audit_and_metrics_files_slurm_user_cannot_write_are_found(site, capsys) -> None:
+    user = pwd.getpwnam("nobody").pw_name
+    edit(site.root / "slurm.conf", "SlurmUser=root", f"SlurmUser={user}")
+    site.root.chmod(0o755)  # nobody may search it, not write it
+    code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert f"audit_file {site.audit}: SlurmUser {user} has no access -> fix: mkdir -p {site.root} && chown " \
+           f"{user} {site.root}" in found
+    assert any(line.startswith(f"metrics_file {site.metrics}: SlurmUser {user} has no access") for line in found)
+
+
 def test_wrong_credentials_are_found(site, capsys) -> None:
     (site.root / "one_auth").write_text("oneadmin:wrong\n")
     code, found = problems(site, capsys)

@@ -27,6 +27,7 @@ def test_good_configuration_loads(setup) -> None:
     assert config.nodeset_for("cpu02").suspend_action == "poweroff"
     assert config.nodeset_for("gpu09") is None
     assert "s3cret" not in repr(config)
+    assert config.log.audit_file == setup.audit and config.log.metrics_file == setup.metrics
 
 
 def test_lookup_order(tmp_path: Path, setup) -> None:
@@ -54,6 +55,9 @@ BROKEN = [
     ("unknown section", ("[power]", "[powr]\n[power]"), "powr: unknown section"),
     ("relative scontrol", ("[slurm]\n", '[slurm]\nscontrol = "scontrol"\n'), None),
     ("not TOML", ("[power]", "[power"), "not valid TOML"),
+    ("metrics file not .prom", ("nebula-power.prom", "nebula-power.txt"),
+     "log.metrics_file: must end in .prom (node_exporter's textfile collector reads *.prom)"),
+    ("audit file not a string", ('audit_file = "', "audit_file = 1 #"), "log.audit_file: must be a string"),
 ]
 
 

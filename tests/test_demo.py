@@ -42,6 +42,10 @@ def test_demo_runs_start_to_finish_without_slurm(capsys) -> None:
     assert [row[3] for row in table] == ["ACTIVE/RUNNING"] * 4
     assert "suspend: 4 done, 0 failed; 4 of 4 GPUs free" in out
     assert "every VM created, booted and terminated, every GPU back." in out
+    usage = {row[0]: row for row in (line.split() for line in lines) if row and row[0] in ("1001", "1002", "1003")}
+    assert sorted(usage) == ["1001", "1002", "1003"], out
+    assert usage["1001"][2] == "gpu[01-02]" and len(usage["1001"][1].split(",")) == 2  # one job, two VMs
+    assert usage["1002"][2] == "gpu03" and re.fullmatch(r"gpu-host-0\d", usage["1002"][3])
     root = Path(re.search(r"programs in (\S+),", out).group(1))  # type: ignore[union-attr]
     assert not root.exists(), "the temporary directory is removed"
 

@@ -73,7 +73,7 @@ def site(oned, tmp_path) -> Iterator[Setup]:
     (oned.dummy_actions / "deploy").unlink(missing_ok=True)
     nodesets = (f'[[nodeset]]\nnodes = "{GPU_NODES}"\ntemplate = "slurm-gpu-worker"\nboot_timeout = 20\n\n'
                 '[[nodeset]]\nnodes = "cpu[01-02]"\ntemplate = "slurm-cpu-worker"\nboot_timeout = 20\n'
-                'suspend_action = "poweroff"\ngpus = 0\n')
+                'suspend_action = "undeploy"\ngpus = 0\n')
     setup = make_setup(tmp_path / "site", oned.endpoint, oned.auth, nodesets=nodesets,
                        extra="reconcile_grace = 0")
     yield setup
@@ -98,7 +98,7 @@ def test_resume_and_suspend_of_several_nodes(oned, site) -> None:
     assert run_program(site, "suspend", "gpu[01-03],cpu01", guard=120).returncode == EXIT_OK
     assert gpu_holders(oned) == {}, "terminate frees the GPUs"
     [cpu] = ours(oned, "cpu01")
-    assert cpu.state_name == "POWEROFF", "the cpu node set's suspend_action"
+    assert cpu.state_name == "UNDEPLOYED", "the cpu node set's suspend_action"
 
 
 def test_a_gpu_shortage_hands_the_node_without_one_back(oned, site) -> None:

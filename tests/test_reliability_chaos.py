@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reliability_support import SlurmModel, settle, site, violations
+from reliability_support import DONE, TEARING_DOWN, SlurmModel, settle, site, violations
 from simfixtures import AUTH, fast_config
 
 from opennebula_sim import running_simulator
@@ -24,6 +24,7 @@ from slurm_nebula_power.cli import reconcile
 from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 from slurm_nebula_power.hostlists import fold
+from slurm_nebula_power.records import read_records
 
 SEED = int(os.environ.get("CHAOS_SEED", "20240607"))
 ROUNDS = int(os.environ.get("CHAOS_ROUNDS", "300"))
@@ -132,11 +133,29 @@ def run_chaos(tmp_path: Path, seed: int, rounds: int, capsys) -> Figures:
         figures.vms_created = len(sim.vms())
         figures.handed_back = model.handed_back
         figures.leaks = len(violations(sim, model.up, model.down))
+        check_audit(setup, sim)
     log = setup.log_text()
     figures.retries = len(re.findall(r" retrying ", log))
     summary_retries = sum(int(n) for n in re.findall(r"summary: .* (\d+) retries", log))
     assert summary_retries <= figures.retries, "every retry counted in a summary line was logged"
     return figures
+
+
+def check_audit(setup, sim) -> None:
+    """The usage records of every concurrent and failing run: valid JSONL, each line a whole record naming a
+    VM the simulator has under that node's name; every VM recorded removed is DONE (or being torn down)."""
+    lines = setup.audit.read_text().splitlines()
+    records, bad = read_records(lines)
+    assert bad == [] and len(records) == len(lines) > 0
+    vms = {vm.id: vm for vm in sim.vms()}
+    for record in records:
+        if record.vm is not None:
+            assert vms[record.vm].name == record.node, record
+    for record in records:
+        if record.event == "removed":
+            vm = vms[record.vm]
+            assert vm.state == DONE or vm.lcm_state in TEARING_DOWN, (record, vm.state_str)
+    assert {r.event for r in records} >= {"created", "running", "removed", "failed", "handed_back"}
 
 
 def test_chaos_rounds_leak_nothing(tmp_path, capsys) -> None:

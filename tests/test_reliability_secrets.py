@@ -1,4 +1,5 @@
-"""Secrets: no log line, no stderr line and no Slurm Reason contains the password or the login token.
+"""Secrets: no log line, no usage record, no stderr line and no Slurm Reason contains the password or the login
+token.
 
 This module runs after the other reliability modules (file order) and reads every credentials file and every
 log the session wrote under its base temporary directory: the chaos, race, crash, bad-input, foreign and hung
@@ -38,7 +39,7 @@ def test_a_token_session_through_every_failure_is_never_written(tmp_path, sim) -
     (setup.root / "one_auth").write_text(f"oneadmin:{token}-revoked\n")
     outputs += [run_program(setup, program, *args) for program, args in
                 (("resume", ["gpu08"]), ("reconcile", []), ("resume-fail", ["gpu08"]))]
-    text = setup.log_text() + "".join(done.stdout + done.stderr for done in outputs)
+    text = setup.log_text() + "".join(done.stdout + done.stderr for done in outputs) + setup.audit.read_text()
     assert "retrying" in text and "couldn't be authenticated" in text, "the failure paths did run"
     for secret in (token, PASSWORD):
         assert secret not in text
@@ -53,7 +54,9 @@ def test_no_log_of_the_session_holds_a_secret(tmp_path_factory) -> None:
             secret = line.partition(":")[2].strip()
             if len(secret) >= 8:
                 secrets.add(secret)
-    logs = [*base.rglob("*.log"), *base.rglob("scontrol.calls.jsonl")]
+    # the logs, the usage records (audit.jsonl), the metrics files and the fake scontrol's argv records
+    logs = [*base.rglob("*.log"), *base.rglob("*.jsonl"), *base.rglob("*.prom")]
+    assert any(path.name == "audit.jsonl" and path.stat().st_size for path in logs), "usage records were written"
     assert logs, "the session wrote logs"
     leaks = [f"{path}:{n}" for path in logs
              for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)

@@ -16,10 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .. import __version__
+from ..audit import AuditLog
 from ..config import Config, find_config, load_config
 from ..errors import EXIT_USAGE, ConfigError
-from ..model import printable
-from ..operation import Cloud, Context
+from ..metrics import RunFigures, write_metrics
+from ..model import DONE, printable
+from ..operation import Cloud, Context, Outcome
+from ..records import reason_category
 from ..slurm import SlurmControl, scontrol_for
 from ..slurmconf import read_slurm_conf
 
@@ -167,3 +170,44 @@ def build_context(config: Config, environ: Mapping[str, str], slurm: SlurmContro
     """Wire the real cloud and Slurm (or the given one) into an operation Context."""
     control = scontrol_for(config, environ) if slurm is None else slurm
     return Context(config=config, cloud=open_cloud(config), slurm=control, **options)  # type: ignore[arg-type]
+
+
+def audit_log(config: Config, program: str) -> AuditLog:
+    """This run's usage recorder ([log] audit_file; counting only when it is not set)."""
+    return AuditLog(config.log.audit_file, program, config.slurm.cluster)
+
+
+def run_figures(config: Config, program: str, outcome: Outcome | None, recorder: AuditLog, cloud: object,
+                seconds: float, result: str) -> RunFigures:
+    """One run's metrics from its outcome, its usage records and its client's counts."""
+    figures = RunFigures(program, seconds=seconds, result=result)
+
+    def nodeset(node: str) -> str:
+        found = config.nodeset_for(node)
+        return found.nodes_expr if found is not None else "none"
+
+    if outcome is not None:
+        for node in outcome.done:
+            figures.done[nodeset(node)] += 1
+        for reason, nodes in outcome.failed.items():
+            for node in nodes:
+                figures.failed[(nodeset(node), reason_category(reason))] += 1
+    for (event, category), count in recorder.counts.items():
+        figures.events[event] += count
+        if event == "handed_back":
+            figures.handbacks[category or "other"] += count
+    stats = getattr(cloud, "stats", None)
+    if stats is not None:
+        figures.api_calls, figures.retries = stats.calls, stats.retries
+    vms = getattr(cloud, "last_vms", None)
+    if vms is not None:
+        ours = [vm for vm in vms if vm.state != DONE and vm.is_ours(config.slurm.cluster, vm.name)]
+        figures.gauges["vms"] = len(ours)
+        figures.gauges["gpus_held"] = sum(1 for vm in ours for gpu in vm.gpus if gpu.assigned)
+    return figures
+
+
+def publish_metrics(config: Config, figures: RunFigures) -> None:
+    """Merge one run's figures into [log] metrics_file, when it is set."""
+    if config.log.metrics_file is not None:
+        write_metrics(config.log.metrics_file, figures)

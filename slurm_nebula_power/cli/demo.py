@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,14 @@ from ..resume import resume
 from ..slurm import PrintedSlurm
 from ..statustable import render, table_rows
 from ..suspend import power_down
-from .common import build_context, parse, report_error, setup_logging
+from ..usage import intervals, read_audit, summarize
+from ..usage import render as usage_table
+from .common import audit_log, build_context, parse, publish_metrics, report_error, run_figures, setup_logging
 
 NODES = "gpu[01-04]"
 TEMPLATE = "slurm-gpu-worker"
+# The job ids slurmctld would pass in SLURM_RESUME_FILE: a 2-node job and two 1-node jobs.
+JOBS = {"gpu01": [1001], "gpu02": [1001], "gpu03": [1002], "gpu04": [1003]}
 
 CONFIG = """\
 # slurm-nebula-power configuration written by the demo (see etc/nebula-power.toml for every key)
@@ -46,6 +51,8 @@ cluster = "demo"              # normally ClusterName from slurm.conf
 
 [log]
 file = "{root}/nebula-power.log"
+audit_file = "{root}/audit.jsonl"        # usage records: `slurm-nebula-power usage` reads them
+metrics_file = "{root}/nebula-power.prom"  # Prometheus textfile (node_exporter)
 
 [power]
 lock_dir = "{root}/locks"
@@ -92,6 +99,19 @@ def gpus(sim: Any) -> str:
                                                         for h in hosts) + ")"
 
 
+def observed(ctx: Any, config: Any, program: str, operation: Callable[[Any], Any]) -> Any:
+    """Run one operation as its program would: usage records to the audit file, metrics merged at the end."""
+    recorder = audit_log(config, program)
+    start = time.monotonic()
+    try:
+        outcome = operation(replace(ctx, recorder=recorder))
+    finally:
+        recorder.close()
+    publish_metrics(config, run_figures(config, program, outcome, recorder, ctx.cloud, time.monotonic() - start,
+                                        "failed" if outcome.failed else "ok"))
+    return outcome
+
+
 def write_config(root: Path, endpoint: str, auth: str) -> Path:
     """The demo's configuration and its 0600 auth file."""
     auth_file = root / "one_auth"
@@ -124,9 +144,10 @@ def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[
         emit(f"1. OpenNebula simulator at {sim.endpoint} (oned {version}): {gpus(sim)}")
         emit(f"2. configuration {path} (auth file {config.opennebula.auth_file.name}, mode 0600):")
         emit(textwrap.indent(path.read_text(encoding="utf-8").rstrip(), "   | ", lambda line: True))
-        emit(f"3. slurm-nebula-resume {NODES}   (slurmctld runs this when jobs need the nodes)")
+        emit(f"3. slurm-nebula-resume {NODES}   (slurmctld runs this when jobs need the nodes; here for jobs "
+             "1001 on gpu[01-02], 1002 on gpu03, 1003 on gpu04)")
         progress.restart()
-        up = resume(ctx, nodes, {})
+        up = observed(ctx, config, "resume", lambda run: resume(run, nodes, JOBS))
         emit(f"   resume: {up.describe()}; {gpus(sim)}")
         emit("   with Slurm, each guest's slurmd now registers and slurm-nebula-prolog (the PrologSlurmctld) "
              "lets the waiting job start at once, not at slurmctld's next 30 s check")
@@ -134,10 +155,15 @@ def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[
         emit(textwrap.indent(render(table_rows(config, ctx.cloud, None, nodes), slurm_asked=False), "   "))
         emit(f"5. slurm-nebula-suspend {NODES}   (slurmctld runs this after SuspendTime idle)")
         progress.restart()
-        down = power_down(ctx, nodes, "suspend", force=False)
+        down = observed(ctx, config, "suspend", lambda run: power_down(run, nodes, "suspend", force=False))
         emit(f"   suspend: {down.describe()}; {gpus(sim)}")
         hosts = sim.hosts()
         freed = all(h.gpus_free == h.gpus_total for h in hosts)
+        emit(f"6. slurm-nebula-power usage   (from the usage records in {config.log.audit_file})")
+        records, _ = read_audit([config.log.audit_file] if config.log.audit_file else [])
+        rows = summarize(intervals(records), "job", None, time.time(), lambda node: NODES)
+        emit(textwrap.indent(usage_table(rows, "job"), "   "))
+        emit(f"   metrics for Prometheus (node_exporter's textfile collector) in {config.log.metrics_file}")
     ok = not up.failed and not down.failed and freed and len(up.done) == len(nodes)
     emit(f"{'done' if ok else 'FAILED'} in {time.monotonic() - start:.1f}s: "
          + ("every VM created, booted and terminated, every GPU back." if ok else "see the log " +

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from .. import __version__
 from ..errors import EXIT_OK, EXIT_USAGE
-from . import check, prolog, reconcile, slurm_conf, status, template
+from . import check, prolog, reconcile, slurm_conf, status, template, usage
 from .common import process_hygiene
 from .power import resume_fail_main, resume_main, suspend_main
 
@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "status": (status.main, "per node: Slurm state, VM, IP, host, age and what is wrong"),
     "check": (check.main, "find configuration, credential, template and slurm.conf problems"),
     "reconcile": (reconcile.main, "repair drift: orphan VMs, vanished VMs, stuck boots"),
+    "usage": (usage.main, "GPU-hours and VM-hours by job, node set, host or day, from the usage records"),
     "slurm-conf": (slurm_conf.main, "print slurm.conf lines derived from the templates"),
     "template": (template.main, "print a node set's VM template for onetemplate create"),
     "prolog-wait": (prolog.main, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),

@@ -16,7 +16,18 @@ from ..operation import hand_back as _hand_back
 from ..resume import resume
 from ..slurm import jobs_from_resume_file
 from ..suspend import power_down
-from .common import build_context, load, make_parser, parse, report_error, service_owner, setup_logging
+from .common import (
+    audit_log,
+    build_context,
+    load,
+    make_parser,
+    parse,
+    publish_metrics,
+    report_error,
+    run_figures,
+    service_owner,
+    setup_logging,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +72,13 @@ def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: li
                 jobs: dict[str, list[int]], operation: Operation, expression: str, hands_back: bool) -> int:
     start = time.monotonic()
     wait = max(ns.boot_timeout for ns in config.nodesets) + config.power.suspend_timeout
-    context = None
+    program = prog.removeprefix("slurm-nebula-")
+    recorder = audit_log(config, program)
+    context: Context | None = None
+    outcome: Outcome | None = None
+    result = "error"
     try:
-        context = build_context(config, environ)
+        context = build_context(config, environ, recorder=recorder)
         with NodeLocks(config.power.lock_dir, nodes, wait, owner=service_owner(config)) as locks:
             if locks.busy:
                 log.error("%s: still locked by another run after %.0fs, left to it", fold(locks.busy), wait)
@@ -71,6 +86,7 @@ def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: li
                 log.error("node=%s: lock unavailable: %s", node, why)
             outcome = operation(context, locks.held, jobs)
             _unlocked(context, outcome, locks, hands_back)
+        result = "failed" if outcome.failed else "ok"
     except PowerError as exc:
         report_error(prog, str(exc))
         if hands_back and context is not None and isinstance(exc, ConfigError):  # the lock directory
@@ -79,6 +95,11 @@ def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: li
     except Exception:
         log.exception("%s %s: internal error", prog, expression)
         return EXIT_INTERNAL
+    finally:
+        recorder.close()
+        publish_metrics(config, run_figures(config, program, outcome, recorder,
+                                            context.cloud if context else None, time.monotonic() - start, result))
+    assert outcome is not None and context is not None
     stats = context.cloud.stats  # type: ignore[attr-defined]
     log.info("summary: %s %s: %s in %.1fs, %d API calls, %d retries", prog, expression, outcome.describe(),
              time.monotonic() - start, stats.calls, stats.retries)

@@ -8,11 +8,23 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from ..drift import reconcile
+from ..audit import AuditLog
+from ..drift import Diagnosis, NodeView, reconcile
 from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError
 from ..hostlists import expand, fold
-from ..slurm import scontrol_for
-from .common import build_context, load, make_parser, parse, report_error, setup_logging
+from ..metrics import RunFigures
+from ..records import reason_category
+from ..slurm import OFF, STARTING, STOPPING, UP, scontrol_for
+from .common import (
+    build_context,
+    load,
+    make_parser,
+    parse,
+    publish_metrics,
+    report_error,
+    run_figures,
+    setup_logging,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +47,76 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     start = time.monotonic()
     try:
         config = load(args, env)
-        # A dry run changes nothing: it logs to stderr only (and never creates the log file as root).
+        # A dry run changes nothing: it logs to stderr only (and never creates the log file as root),
+        # and writes neither usage records nor metrics.
         setup_logging(prog, None if args.dry_run else config)
         nodes = expand(args.hostlist) if args.hostlist is not None else None  # "" is an error, not "all"
         scontrol = scontrol_for(config, env)
-        ctx = build_context(config, env, slurm=scontrol)
-        outcome = reconcile(ctx, scontrol.show_all_nodes, nodes, args.dry_run)
     except PowerError as exc:
         report_error(prog, str(exc))  # one line on stderr (and the log once it is set up)
         return exc.exit_code
+    recorder = AuditLog(None if args.dry_run else config.log.audit_file, "reconcile", config.slurm.cluster)
+    ctx = build_context(config, env, slurm=scontrol, recorder=recorder)
+    seen = Survey()
+    outcome = None
+    try:
+        outcome = reconcile(ctx, scontrol.show_all_nodes, nodes, args.dry_run, observe=seen)
+    except PowerError as exc:
+        report_error(prog, str(exc))
+        return exc.exit_code
+    finally:
+        recorder.close()
+        if not args.dry_run and config.log.metrics_file is not None:
+            result = "error" if outcome is None else "failed" if outcome.failed else "ok"
+            figures = run_figures(config, "reconcile", outcome, recorder, ctx.cloud, time.monotonic() - start,
+                                  result)
+            if outcome is not None:
+                seen.fill(figures, ctx.cloud)
+            publish_metrics(config, figures)
     log.info("summary: %s%s: %s in %.1fs", prog, " --dry-run" if args.dry_run else "", outcome.describe(),
              time.monotonic() - start)
     if outcome.failed:
         print(f"failed: {fold(outcome.failed_nodes)}", file=sys.stderr)
     return EXIT_NODES_FAILED if outcome.failed else EXIT_OK
+
+
+class Survey:
+    """What reconcile's first survey saw, for the gauges: GPUs held by node state, drift found."""
+
+    def __init__(self) -> None:
+        self.found: Sequence[tuple[NodeView, Diagnosis]] = ()
+
+    def __call__(self, found: Sequence[tuple[NodeView, Diagnosis]]) -> None:
+        self.found = found
+
+    def fill(self, figures: RunFigures, cloud: object) -> None:
+        """Add the gauges and the drift counts; the free GPUs from one host pool query (when it answers)."""
+        held: dict[str, float] = dict.fromkeys(("idle", "busy", "powered_down", "starting", "stopping", "other",
+                                                "unknown"), 0.0)
+        drifting = 0
+        for view, diagnosis in self.found:
+            held[_slurm_state(view)] += sum(1 for vm in view.vms for gpu in vm.gpus if gpu.assigned)
+            if diagnosis.repair is not None:
+                drifting += 1
+                figures.drift[reason_category(diagnosis.repair.reason)] += 1
+        for state, gpus in held.items():
+            figures.labelled[("gpus_held_by_slurm_state", state)] = gpus
+        figures.gauges["drift_nodes"] = drifting
+        host_gpus = getattr(cloud, "host_gpus", None)
+        if host_gpus is not None:
+            try:
+                total, free = host_gpus()
+            except PowerError as exc:
+                log.warning("host pool unreadable, gpus_free not updated: %s", exc)
+            else:
+                figures.gauges.update(gpus_total=total, gpus_free=free)
+
+
+def _slurm_state(view: NodeView) -> str:
+    state = view.slurm
+    if state is None:
+        return "unknown"
+    phase = state.phase
+    if phase == UP:
+        return "idle" if state.base == "IDLE" else "busy"
+    return {OFF: "powered_down", STARTING: "starting", STOPPING: "stopping"}.get(phase, "other")

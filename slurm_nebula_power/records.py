@@ -1,0 +1,145 @@
+"""Usage records: one JSON line per VM event a program caused or observed (the audit file's lines).
+
+A record names the node, the VM, its host and GPUs (PCI addresses, vGPU/MIG profile as oned assigned
+them), the job ids the VM was started for, the event and its time. Never a credential, a template or a
+CONTEXT: nothing here can carry the munge key or the OpenNebula session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .model import Pci
+
+SCHEMA = 1
+# created: instantiate returned an id; resumed: an off (or held) VM was resumed (released);
+# running: first seen RUNNING, with its host and GPUs; failed: the VM (or its node) could not start;
+# handed_back: the node was given back to Slurm; off: powered off or undeployed (suspend_action);
+# removed: terminated (seen DONE, or the removal call succeeded where no confirmation is awaited).
+EVENTS = ("created", "resumed", "running", "failed", "handed_back", "off", "removed")
+REASON_LENGTH = 200  # characters of a reason kept in a record (a record stays far below 4 KiB)
+MOST_GPUS = 16  # PCI devices kept per record
+
+# Failure reasons -> a small, bounded set of categories (metric label values, usage summaries).
+# The reasons are the texts resume, suspend and reconcile give Slurm; first match wins.
+REASON_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("no host with a free gpu", "no_capacity"),
+    ("not in any nodeset", "not_in_nodeset"),
+    ("busy", "busy"),
+    ("internal error", "internal"),
+    ("failed to boot", "boot_failed"),
+    ("vm failed", "boot_failed"),
+    ("vanished", "vm_lost"),
+    ("its vm is gone", "vm_lost"),
+    ("boot_timeout", "timeout"),
+    ("did not answer in time", "timeout"),
+    ("still ", "timeout"),  # suspend: "VM 12 still ACTIVE/SHUTDOWN after 90s"
+    ("template ", "template"),
+    ("opennebula", "api_error"),
+    ("hand back failed", "slurm_error"),
+    ("alive while its node is powered down", "orphan_vm"),
+    ("poweroff", "vm_off"),
+    ("undeployed", "vm_off"),
+)
+CATEGORIES = (*dict.fromkeys(c for _, c in REASON_CATEGORIES), "other")
+
+
+def reason_category(reason: str) -> str:
+    """A failure reason's category, one of CATEGORIES."""
+    text = reason.lower()
+    return next((category for needle, category in REASON_CATEGORIES if needle in text), "other")
+
+
+def gpu_fields(pci: Pci) -> dict[str, str]:
+    """A GPU as a record holds it: only the fields oned set."""
+    values = {"address": pci.address, "short_address": pci.short_address, "vendor": pci.vendor,
+              "device": pci.device, "class": pci.klass, "profile": pci.profile}
+    return {key: value for key, value in values.items() if value}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One usage record."""
+
+    time: float  # seconds since the epoch (UTC)
+    event: str
+    node: str
+    vm: int | None = None
+    host: str | None = None
+    gpus: tuple[Mapping[str, str], ...] = ()
+    jobs: tuple[int, ...] = ()
+    reason: str | None = None
+    program: str = ""
+    cluster: str = ""
+    state: str | None = None  # the VM's state when the event was seen
+    action: str | None = None  # the OpenNebula action behind the event (terminate, recover-delete, ...)
+    pid: int | None = None
+
+    @property
+    def category(self) -> str | None:
+        """The reason's category, when there is a reason."""
+        return None if self.reason is None else reason_category(self.reason)
+
+    def to_json(self) -> str:
+        """The record as one line of JSON (no newline)."""
+        data: dict[str, Any] = {
+            "v": SCHEMA,
+            "time": datetime.fromtimestamp(self.time, UTC).isoformat(timespec="milliseconds"),
+            "event": self.event, "node": self.node, "vm": self.vm, "host": self.host,
+            "gpus": [dict(g) for g in self.gpus[:MOST_GPUS]], "jobs": list(self.jobs),
+        }
+        if self.reason is not None:
+            data["reason"] = self.reason[:REASON_LENGTH]
+            data["category"] = reason_category(self.reason)
+        for key in ("state", "action"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        data.update(program=self.program, cluster=self.cluster, pid=self.pid)
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=True, sort_keys=False)
+
+
+def parse_time(text: str) -> float:
+    """An ISO 8601 time (with offset; UTC when none) -> seconds since the epoch."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def from_json(line: str) -> Record:
+    """Parse one audit line; ValueError when it is not a record of ours."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg}") from None
+    if not isinstance(data, dict) or data.get("event") not in EVENTS or not isinstance(data.get("node"), str):
+        raise ValueError("not a usage record (event and node missing)")
+    try:
+        vm = data.get("vm")
+        return Record(
+            time=parse_time(str(data["time"])), event=data["event"], node=data["node"],
+            vm=None if vm is None else int(vm), host=data.get("host"),
+            gpus=tuple({str(k): str(v) for k, v in g.items()} for g in data.get("gpus") or ()),
+            jobs=tuple(int(j) for j in data.get("jobs") or ()), reason=data.get("reason"),
+            program=str(data.get("program") or ""), cluster=str(data.get("cluster") or ""),
+            state=data.get("state"), action=data.get("action"), pid=data.get("pid"),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"malformed usage record: {exc}") from None
+
+
+def read_records(lines: Sequence[str]) -> tuple[list[Record], list[tuple[int, str]]]:
+    """Records from audit lines, and (line number, problem) for each line that is not one."""
+    records, bad = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(from_json(line))
+        except ValueError as exc:
+            bad.append((number, str(exc)))
+    return records, bad
