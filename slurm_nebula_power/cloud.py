@@ -13,7 +13,7 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
-from .model import TAG_CLUSTER, Vm, vms_from_xml
+from .model import TAG_CLUSTER, Host, Vm, hosts_from_xml, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,11 @@ class OneCloud:
         """
         text = self.call("vmpool.infoextended", lambda s: s.call("vmpool.infoextended", -3, -1, -1, -1))
         return [vm for vm in vms_from_xml(str(text)) if vm.user_template.get(TAG_CLUSTER) == cluster]
+
+    def hosts(self) -> list[Host]:
+        """One host pool query: every host the user may see, with its state and PCI devices (VMID -1: free)."""
+        text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))
+        return hosts_from_xml(str(text))
 
     def template_id(self, ref: str | int) -> int:
         """A template's numeric id, from its id or its name (one templatepool query)."""
