@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .capacity import Pool, Requests, label
+from .capacity import Pool, Requests, gpus, label
 from .cooldown import PLACEMENT, Shortage
 from .slurm import nodes_by_job
 
@@ -57,7 +57,7 @@ def admit(needs: Sequence[Need], jobs: Mapping[str, Sequence[int]], all_or_nothi
                 continue
             need = by_node[node]
             prefix = f"job {job}: " if job is not None else ""
-            refused.setdefault(node, f"{prefix}needs {per_set[need.nodeset]} GPUs {label(need.requests)}, "
+            refused.setdefault(node, f"{prefix}needs {gpus(per_set[need.nodeset])} {label(need.requests)}, "
                                      f"{free[need.nodeset]} free")
     return {node: reason for node, reason in refused.items() if node not in admitted}
 

@@ -71,6 +71,11 @@ def gpu_requests(template: Mapping[str, Any]) -> Requests:
         for e in entries if isinstance(e, dict) and is_gpu(e))
 
 
+def gpus(count: int) -> str:
+    """1 GPU, 4 GPUs."""
+    return f"{count} GPU" + ("" if count == 1 else "s")
+
+
 def label(requests: Requests) -> str:
     """What a VM needs, in words: '10de:0302' (one kind of GPU), else the kinds joined with '+'."""
     return "+".join(dict.fromkeys(r.label for r in requests))

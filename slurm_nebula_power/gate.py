@@ -143,12 +143,12 @@ class Gate:
         from the host pool read now; starts the node set's cooldown."""
         requests = self.requests.get(id(nodeset), ())
         free = Pool(hosts).free(requests) if hosts is not None and requests else None
-        what = f"GPUs {label(requests)}" if requests else "room"
+        what = f"GPU {label(requests)}" if requests else "room"
         oned = oned_message(vm.sched_message)
         if free is not None and free < len(requests):
             reason = f"no free {what}: PENDING {nodeset.pending_timeout:g}s, {free} free (oned: {oned})"
         else:
-            seen = "" if free is None else f" although {free} {what} look free"
+            seen = "" if free is None else f" although {free} free"
             reason = f"not placed within pending_timeout {nodeset.pending_timeout:g}s{seen} (oned: {oned})"
         self.shortages.record(nodeset.nodes_expr, PLACEMENT, free, reason, [_plain(r) for r in requests])
         return reason

@@ -109,7 +109,7 @@ def test_admit_best_effort_takes_what_fits() -> None:
 def test_admit_counts_our_pending_vms_first_and_never_refuses_them() -> None:
     pool = Pool([host("a", gpu("41:00.0"))])
     queued = Need("n1", "gpu[01-08]", (GPU,), queued=True)
-    assert admit([queued, *needs("n2")], {}, lambda n: True, pool) == {"n2": "needs 1 GPUs 10de:0302, 1 free"}
+    assert admit([queued, *needs("n2")], {}, lambda n: True, pool) == {"n2": "needs 1 GPU 10de:0302, 1 free"}
 
 
 def test_admit_ignores_nodes_that_need_nothing_new() -> None:
