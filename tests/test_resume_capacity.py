@@ -233,3 +233,29 @@ def test_on_23_02_the_hand_back_resume_after_is_the_cooldown(tmp_path, sim) -> N
     assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
     [update] = [u for u in setup.updates() if "State=DOWN" in u]
     assert "ResumeAfter=90" in update
+
+
+class NoHosts(Thief):
+    """The cloud, but the host pool cannot be read (e.g. a user without the right to list hosts)."""
+
+    def hosts(self):
+        from slurm_nebula_power.errors import CloudAuthError
+
+        raise CloudAuthError("[one.hostpool.info] User [2] not authorized to perform action on host.")
+
+
+def test_an_unreadable_host_pool_skips_the_count_and_resume_proceeds(tmp_path, sim, caplog) -> None:
+    setup = site(tmp_path, sim)
+    config = load_config(setup.config, setup.env)
+    ctx = build_context(config, setup.env)
+    ctx = dataclasses.replace(ctx, cloud=NoHosts(ctx.cloud, sim))
+    outcome = resume(ctx, ["gpu01", "gpu02"], {"gpu01": [7], "gpu02": [7]})
+    assert sorted(outcome.done) == ["gpu01", "gpu02"]
+    assert "host pool unreadable, GPU capacity not checked" in caplog.text
+
+
+def test_a_node_set_without_gpus_never_reads_the_host_pool(tmp_path, sim) -> None:
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
+        '[[nodeset]]\nnodes = "cpu[01-02]"\ntemplate = "slurm-cpu-worker"\nboot_timeout = 20\n'))
+    assert resume_main(["cpu[01-02]"], setup.env) == EXIT_OK
+    assert calls(sim, "one.hostpool.info") == 0
