@@ -71,6 +71,7 @@ def test_good_deployment_passes(site, capsys) -> None:
     assert "0 problem(s), 0 warning(s)" in err
     assert "oned 6.10.0, user oneadmin, VM pool readable" in out
     assert "template 0: 8 vCPU, 65536 MiB, 1 GPU" in out
+    assert "OpenNebula host pool: " in out and " take VMs; gpu[01-04]: " in out and " GPU 10de:0302 free" in out
 
 
 @pytest.mark.parametrize(("old", "new", "expected"), [
@@ -244,3 +245,22 @@ def test_missing_configuration_is_one_problem(tmp_path, capsys) -> None:
     assert out.splitlines() == [f"problem  configuration: {tmp_path / 'none.toml'}: no such configuration "
                                 "file; create it from etc/nebula-power.toml -> fix: see "
                                 "etc/nebula-power.toml"]
+
+
+class _HostsRefused(OneCloud):
+    """A user who may list VMs but not hosts."""
+
+    def hosts(self):
+        from slurm_nebula_power.errors import CloudAuthError
+
+        raise CloudAuthError("[one.hostpool.info] User [2] not authorized to perform action on host.")
+
+
+def test_an_unreadable_host_pool_is_a_warning(site) -> None:
+    from slurm_nebula_power.checks import WARNING, run_checks
+
+    report = run_checks(None, site.env, lambda config: _HostsRefused(config.opennebula, retry_seconds=0))
+    [found] = [f for f in report.findings if f.subject == "OpenNebula host pool"]
+    assert found.level == WARNING and "relies on pending_timeout alone" in found.text
+    assert 'oneacl create "#<uid> HOST/* USE"' in found.fix
+    assert not report.problems
