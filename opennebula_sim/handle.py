@@ -196,6 +196,11 @@ class Simulator:
             host.version += 1
             self.cloud.locked_capacity_changed()
 
+    def after_call(self, method: str, action: Callable[[], None]) -> None:
+        """Run `action` once right after the next successful call of `method` (e.g. "one.hostpool.info"):
+        another user acting between two of the client's calls, such as taking the GPU it just counted."""
+        self.api.after_call(method, action)
+
     def set_authorized(self, authorized: bool) -> None:
         """When False every authenticated call fails with AUTHORIZATION (0x200)."""
         self.cloud.authorized = authorized

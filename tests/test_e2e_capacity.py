@@ -71,6 +71,30 @@ def test_a_4_node_job_on_3_free_gpus_is_handed_back_whole_in_seconds_holding_no_
     assert env.sim.vms() == []
 
 
+def test_a_gpu_taken_after_the_count_is_caught_by_pending_timeout_and_the_job_handed_back_whole(e2e) -> None:
+    env = e2e(nodes=FOUR, hosts=4, gpus_per_host=1, boot_timeout=BOOT_TIMEOUT, resume_timeout=BOOT_TIMEOUT + 30,
+              nodeset_extra="pending_timeout = 2\n")
+    c = env.cluster
+    # Someone else takes a GPU right after resume counted 4 free: 3 of the job's VMs are placed, 1 is not.
+    env.sim.after_call("one.hostpool.info", lambda: env.sim.add_vm(name="other", uid=7, state="RUNNING"))
+    clock = Stopwatch()
+    job = c.sbatch(script=job_script(), nodes=4)
+    env.wait(lambda: c.job_info(job).get("Restarts") == "1", 40, "job requeued")
+    seconds = clock()
+    print(f"\nE2E-TIME race, pending_timeout 2 s: sbatch -> requeued {seconds:.1f} s (boot_timeout {BOOT_TIMEOUT} s)")
+    assert seconds < 40 < BOOT_TIMEOUT
+    env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
+    [summary] = summaries(env, "slurm-nebula-resume")[:1]
+    assert summary.startswith("gpu[01-04]: 0 done, 4 failed (no free GPU 10de:0302: PENDING 2s, 0 free"), summary
+    assert "all-or-nothing: job" in summary
+    assert len([vm for vm in env.sim.vms() if vm.name.startswith("gpu")]) == 4
+    env.wait(lambda: not [vm for vm in env.live_vms() if vm.name.startswith("gpu")], 15, "our VMs terminated")
+    held = [vm for h in env.sim.hosts() for vm in h.gpu_holders.values() if vm is not None]
+    assert [env.sim.vm(vm).name for vm in held] == ["other"], "no GPU of ours held for the requeued job"
+    c.run("scancel", str(job))
+    env.wait_nodes(FOUR, "idle~", timeout=30)
+
+
 def test_on_22_05_a_shortage_makes_no_vm_churn_during_the_cooldown(e2e) -> None:
     # One GPU the count sees as free, on a host without the memory a GPU VM needs: oned never places it.
     # Without a cooldown, each of 22.05's re-resumes would create a VM and terminate it at pending_timeout.

@@ -87,3 +87,13 @@ def test_host_state_in_sim_toml(tmp_path) -> None:
     with pytest.raises(ConfigError, match="state must be one of"):
         load_sim_config(path)
     assert default_pci(1, 0)[0].profiles == ()
+
+
+def test_after_call_runs_once_between_the_answer_and_the_next_call() -> None:
+    with running_simulator(SimConfig(hosts=default_hosts(1, 1, 0), durations=FAST)) as sim:
+        sim.after_call("one.hostpool.info", lambda: sim.add_vm(name="thief", uid=7, state="RUNNING"))
+        [counted] = hosts_from_xml(_raw(sim, "one.hostpool.info"))
+        assert counted.devices[0].free, "the answer was made before the action"
+        [now] = hosts_from_xml(_raw(sim, "one.hostpool.info"))
+        assert not now.devices[0].free
+        assert [vm.name for vm in sim.vms()] == ["thief"], "once"
