@@ -27,7 +27,10 @@ from opennebula_sim.vmbuild import (
     strip_pci_assignment,
 )
 
-SCHED_TEXT = "Cannot dispatch VM to any Host. Check VM log for detailed reasons."
+SCHED_TEXT = "Cannot dispatch VM to any Host. Check VM log for detailed reasons."  # 6.x's scheduler
+# oned 7.x (VirtualMachine::set_template_error_message: "<ctime>: <message>"), as a real 7.0.2/7.4.0 wrote it.
+SCHED_TEXT_7 = "Cannot allocate VM. Not enough capacity in hosts {hosts}"
+SCHED_TEXT_7_NO_HOSTS = "Cannot dispatch VM: No hosts enabled to run VMs"
 _BOOT_FAILS_TO = {
     S.BOOT: (S.ACTIVE, S.BOOT_FAILURE), S.BOOT_STOPPED: (S.ACTIVE, S.BOOT_STOPPED_FAILURE),
     S.BOOT_UNDEPLOY: (S.ACTIVE, S.BOOT_UNDEPLOY_FAILURE), S.BOOT_POWEROFF: (S.POWEROFF, S.LCM_INIT),
@@ -176,6 +179,10 @@ class Cloud:
                 vm.history[-1].etime = int(self.clock())
             self._sched_dirty = True
 
+    def locked_capacity_changed(self) -> None:
+        """Something may fit now that did not (a host enabled): the scheduler looks at every pending VM."""
+        self._sched_dirty = True
+
     def locked_done(self, vm: Vm) -> None:
         """DispatchManager::free_vm_resources: host share and leases go back, the VM is DONE."""
         self.locked_release_host(vm)
@@ -262,7 +269,7 @@ class Cloud:
             need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests))
             if need not in failed:
                 for host in self.hosts:
-                    slots = host.fit(vm)
+                    slots = host.fit(vm) if host.takes_vms else None
                     if slots is not None:
                         self._deploy(vm, host, slots, now)
                         break
@@ -272,8 +279,16 @@ class Cloud:
                 self._sched_message(vm, self.clock())
 
     def _sched_message(self, vm: Vm, now: float) -> None:
-        if "SCHED_MESSAGE" not in vm.user_template:
-            vm.user_template["SCHED_MESSAGE"] = [f"{ctime(now)} : {SCHED_TEXT}"]
+        if not self.cfg.version.startswith(("6.", "5.")):
+            enabled = [str(h.id) for h in self.hosts if h.takes_vms]
+            text = SCHED_TEXT_7.format(hosts=",".join(enabled)) if enabled else SCHED_TEXT_7_NO_HOSTS
+            message = f"{ctime(now)}: {text}"
+        elif "SCHED_MESSAGE" not in vm.user_template:
+            message = f"{ctime(now)} : {SCHED_TEXT}"
+        else:
+            return
+        if vm.user_template.get("SCHED_MESSAGE") != [message]:  # 7.x refreshes it at every pass
+            vm.user_template["SCHED_MESSAGE"] = [message]
             vm.touch()
 
     def _deploy(self, vm: Vm, host: Host, slots: list[PciSlot], now: float) -> None:

@@ -18,6 +18,8 @@ class ConfigError(ValueError):
 GPU_VENDOR, GPU_DEVICE, GPU_CLASS = "10de", "2330", "0302"
 NIC_VENDOR, NIC_DEVICE, NIC_CLASS = "15b3", "101d", "0200"
 TRANSIENT_KINDS = ("internal", "http503", "drop")
+# oned's host states (include/Host.h, HostState) that a simulated host can be in.
+HOST_STATES = {"INIT": 0, "MONITORED": 2, "ERROR": 3, "DISABLED": 4, "OFFLINE": 8}
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class PciDevice:
     device_name: str = "GH100 [H100 SXM5 80GB]"
     class_name: str = "3D controller"
     numa_node: int = 0
+    profiles: tuple[str, ...] = ()  # vGPU/MIG profiles the device offers (HOST_SHARE PCI PROFILES)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class HostSpec:
     cpu: int = 6400
     memory_kb: int = 512 * 1024 * 1024
     pci: tuple[PciDevice, ...] = ()
+    state: str = "MONITORED"  # a HOST_STATES name: only MONITORED hosts take new VMs, as in oned 7.x
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,9 @@ def _validate(cfg: SimConfig, where: str) -> None:
         raise ConfigError(f"{where}: tick_seconds must be > 0")
     if len({h.name for h in cfg.hosts}) != len(cfg.hosts):
         raise ConfigError(f"{where}: host names must be unique")
+    for host in cfg.hosts:
+        if host.state not in HOST_STATES:
+            raise ConfigError(f"{where}: host {host.name!r}: state must be one of {', '.join(HOST_STATES)}")
     if len({t.id for t in cfg.templates}) != len(cfg.templates):
         raise ConfigError(f"{where}: template ids must be unique")
     for spec in cfg.templates:
@@ -190,9 +197,9 @@ def _validate(cfg: SimConfig, where: str) -> None:
 _TOP_KEYS = {"seed", "version", "tick_seconds", "on_running", "on_stopped", "durations", "faults", "network",
              "hosts", "host", "template"}
 _HOSTS_KEYS = {"count", "gpus_per_host", "nics_per_host", "cpu", "memory_mb"}
-_HOST_KEYS = {"name", "cpu", "memory_mb", "gpus", "nics", "pci"}
+_HOST_KEYS = {"name", "cpu", "memory_mb", "gpus", "nics", "pci", "state"}
 _PCI_KEYS = {"short_address", "vendor", "device", "class", "vendor_name", "device_name", "class_name",
-             "numa_node"}
+             "numa_node", "profiles"}
 _TEMPLATE_KEYS = {"id", "name", "body"}
 
 
@@ -256,7 +263,8 @@ def _host(entry: Any, where: str, index: int) -> HostSpec:
     else:
         pci = default_pci(int(table.get("gpus", 4)), int(table.get("nics", 1)))
     return HostSpec(name=str(table["name"]), cpu=int(table.get("cpu", 6400)),
-                    memory_kb=int(table.get("memory_mb", 512 * 1024)) * 1024, pci=pci)
+                    memory_kb=int(table.get("memory_mb", 512 * 1024)) * 1024, pci=pci,
+                    state=str(table.get("state", "MONITORED")))
 
 
 def _pci(entry: Any, where: str, label: str) -> PciDevice:
@@ -266,6 +274,8 @@ def _pci(entry: Any, where: str, label: str) -> PciDevice:
         raise ConfigError(f"{where}: {label} needs a short_address such as \"41:00.0\"")
     if "class" in table:
         table["klass"] = table.pop("class")
+    if "profiles" in table:
+        table["profiles"] = tuple(str(p) for p in table["profiles"])
     device: PciDevice = _section(PciDevice, table, where, label)
     return device
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from opennebula_sim import states as S
 from opennebula_sim.cloud import Cloud
-from opennebula_sim.config import SimConfig
+from opennebula_sim.config import HOST_STATES, SimConfig
 from opennebula_sim.hooks import HookRunner
 from opennebula_sim.model import Lock, Vm
 from opennebula_sim.rpc import Api
@@ -54,6 +54,7 @@ class HostSnapshot:
 
     id: int
     name: str
+    state: str
     gpus_total: int
     gpus_free: int
     devices: dict[str, int | None]
@@ -152,7 +153,7 @@ class Simulator:
                 # PCI class 03xx is a display controller: a GPU
                 gpus = {s.address: devices[s.address] for s in h.pci if s.spec.klass.startswith("03")}
                 out.append(HostSnapshot(
-                    id=h.id, name=h.name, gpus_total=len(gpus),
+                    id=h.id, name=h.name, state=_host_state_name(h.state), gpus_total=len(gpus),
                     gpus_free=sum(v is None for v in gpus.values()),
                     devices=devices, gpu_holders=gpus, cpu_total=h.max_cpu, cpu_free=h.max_cpu - h.used_cpu,
                     memory_total_kb=h.max_mem, memory_free_kb=h.max_mem - h.used_mem,
@@ -181,6 +182,24 @@ class Simulator:
     def set_durations(self, **changes: float) -> None:
         """Change any of prolog, boot, shutdown, epilog (seconds, 0 allowed)."""
         self.cloud.set_durations(**changes)
+
+    def set_host_state(self, name: str, state: str) -> None:
+        """`onehost disable` (DISABLED), `onehost offline` (OFFLINE), `onehost enable` (MONITORED), or ERROR
+        or INIT: only a MONITORED host takes new VMs; the VMs a host has keep running."""
+        if state not in HOST_STATES:
+            raise ValueError(f"unknown host state {state!r}; one of {', '.join(HOST_STATES)}")
+        with self.cloud.lock:
+            host = next((h for h in self.cloud.hosts if h.name == name), None)
+            if host is None:
+                raise ValueError(f"no host named {name!r}")
+            host.prev_state, host.state = host.state, HOST_STATES[state]
+            host.version += 1
+            self.cloud.locked_capacity_changed()
+
+    def after_call(self, method: str, action: Callable[[], None]) -> None:
+        """Run `action` once right after the next successful call of `method` (e.g. "one.hostpool.info"):
+        another user acting between two of the client's calls, such as taking the GPU it just counted."""
+        self.api.after_call(method, action)
 
     def set_authorized(self, authorized: bool) -> None:
         """When False every authenticated call fails with AUTHORIZATION (0x200)."""
@@ -254,6 +273,10 @@ class Simulator:
                 cloud.locked_set_state(vm, S.ACTIVE, S.LCM_BY_NAME[state])
         else:
             raise ValueError(f"unknown VM state {state!r}")
+
+
+def _host_state_name(state: int) -> str:
+    return next(name for name, number in HOST_STATES.items() if number == state)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import heapq
 import ipaddress
 from dataclasses import dataclass, field
 
-from opennebula_sim.config import HostSpec, NetworkSpec, PciDevice
+from opennebula_sim.config import HOST_STATES, HostSpec, NetworkSpec, PciDevice
 from opennebula_sim.templates import Template
 
 
@@ -113,11 +113,21 @@ class Host:
     used_mem: int = 0
     vms: set[int] = field(default_factory=set)
     version: int = 0
+    state: int = HOST_STATES["MONITORED"]
+    prev_state: int = HOST_STATES["MONITORED"]
 
     @classmethod
     def from_spec(cls, host_id: int, spec: HostSpec) -> Host:
         """A host with all its devices free."""
-        return cls(host_id, spec.name, spec.cpu, spec.memory_kb, [PciSlot(p) for p in spec.pci])
+        state = HOST_STATES[spec.state]
+        return cls(host_id, spec.name, spec.cpu, spec.memory_kb, [PciSlot(p) for p in spec.pci], state=state,
+                   prev_state=state)
+
+    @property
+    def takes_vms(self) -> bool:
+        """oned 7.x's scheduler places VMs only on MONITORED hosts (SchedulerManagerDriver: "state = 2");
+        DISABLED, OFFLINE, ERROR and INIT hosts keep the VMs they have."""
+        return self.state == HOST_STATES["MONITORED"]
 
     def fit(self, vm: Vm) -> list[PciSlot] | None:
         """The devices `vm` would get here, or None when CPU, memory or a matching free device is missing."""

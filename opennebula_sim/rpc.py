@@ -55,6 +55,7 @@ class Api:
         self.tokens: dict[str, float | None] = {}  # login token -> expiry (None = never)
         self.xml = VmXmlCache()
         self.calls: dict[str, int] = {}
+        self._after: dict[str, list[Callable[[], None]]] = {}
         self._calls_lock = threading.Lock()
         # method -> (handler, required parameter types after the session, optional ones)
         self.methods: dict[str, tuple[Callable[..., Any], str, str]] = {
@@ -94,9 +95,23 @@ class Api:
                 raise OneError(S.AUTHENTICATION, "")
             if not self.cloud.authorized:
                 raise OneError(S.AUTHORIZATION, "", obj=_object_of(method))
-            return [True, handler(user, *params[1:]), 0]
+            reply = [True, handler(user, *params[1:]), 0]
         except OneError as err:
             return [False, failure_text(method, err, user.uid if user else -1), err.code, err.resp_id]
+        self._run_after(method)
+        return reply
+
+    def after_call(self, method: str, action: Callable[[], None]) -> None:
+        """Run `action` once, right after the next successful `method` is answered (before the reply is
+        sent): what another user does between two of a client's calls, at a known moment."""
+        with self._calls_lock:
+            self._after.setdefault(method, []).append(action)
+
+    def _run_after(self, method: str) -> None:
+        with self._calls_lock:
+            actions = self._after.pop(method, [])
+        for action in actions:
+            action()
 
     def internal_error(self, method: str) -> list[Any]:
         """The reply of a call that failed inside oned (used for injected transient faults)."""

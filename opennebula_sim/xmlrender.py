@@ -158,7 +158,8 @@ def _pci_xml(host: Host) -> str:
         fields = {
             "ADDRESS": slot.address, "BUS": bus, "CLASS": spec.klass, "CLASS_NAME": spec.class_name,
             "DEVICE": spec.device, "DEVICE_NAME": spec.device_name, "DOMAIN": "0000", "FUNCTION": function,
-            "NUMA_NODE": str(spec.numa_node), "PROFILES": "", "SHORT_ADDRESS": spec.short_address,
+            "NUMA_NODE": str(spec.numa_node), "PROFILES": ",".join(spec.profiles),
+            "SHORT_ADDRESS": spec.short_address,
             "SLOT": dev, "TYPE": f"{spec.vendor}:{spec.device}:{spec.klass}", "VENDOR": spec.vendor,
             "VENDOR_NAME": spec.vendor_name, "VMID": str(slot.vmid),
         }
@@ -171,7 +172,8 @@ def host_xml(host: Host, now: int) -> str:
     vms = "".join(f"<ID>{i}</ID>" for i in sorted(host.vms))
     free_cpu, free_mem = host.max_cpu - host.used_cpu, host.max_mem - host.used_mem
     return (
-        f"<HOST><ID>{host.id}</ID><NAME>{text(host.name)}</NAME><STATE>2</STATE><PREV_STATE>2</PREV_STATE>"
+        f"<HOST><ID>{host.id}</ID><NAME>{text(host.name)}</NAME><STATE>{host.state}</STATE>"
+        f"<PREV_STATE>{host.prev_state}</PREV_STATE>"
         f"<IM_MAD>{cdata('kvm')}</IM_MAD><VM_MAD>{cdata('kvm')}</VM_MAD><CLUSTER_ID>0</CLUSTER_ID>"
         f"<CLUSTER>default</CLUSTER><HOST_SHARE><MEM_USAGE>{host.used_mem}</MEM_USAGE>"
         f"<CPU_USAGE>{host.used_cpu}</CPU_USAGE><TOTAL_MEM>{host.max_mem}</TOTAL_MEM>"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
 from .hostlists import fold
@@ -248,6 +249,32 @@ def check_templates(report: Report, config: Config, cloud: Cloud, conf: SlurmCon
             _against_slurm_conf(report, nodeset, shape, conf)
 
 
+def check_capacity(report: Report, config: Config, cloud: Cloud) -> None:
+    """The host pool is readable, so resume can count free GPUs before it instantiates; what it sees now."""
+    subject = "OpenNebula host pool"
+    fix = (f'let user {config.opennebula.user} see the GPU hosts (an ACL rule such as oneacl create '
+           '"#<uid> HOST/* USE")')
+    try:
+        hosts = cloud.hosts()
+    except CloudError as exc:
+        report.warn(subject, f"unreadable ({first_line(exc)}): resume cannot count free GPUs before it "
+                    "instantiates and relies on pending_timeout alone", fix)
+        return
+    if not hosts:
+        report.warn(subject, "no host visible: resume cannot count free GPUs before it instantiates", fix)
+        return
+    placeable = [h for h in hosts if h.placeable]
+    parts = []
+    for nodeset in config.nodesets:
+        try:
+            requests = gpu_requests(cloud.template(cloud.template_id(nodeset.template)))
+        except CloudError:
+            continue  # check_templates reports it
+        if requests:
+            parts.append(f"{nodeset.nodes_expr}: {Pool(hosts).free(requests)} GPU {label(requests)} free")
+    report.ok(subject, f"{len(hosts)} hosts, {len(placeable)} take VMs" + "".join(f"; {p}" for p in parts))
+
+
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:
     groups: dict[tuple[int, int, int], list[str]] = defaultdict(list)
     for node in nodeset.nodes:
@@ -417,6 +444,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:
         check_templates(report, config, cloud, conf)
+        check_capacity(report, config, cloud)
     if conf is not None:
         check_coverage(report, config, conf)
         check_timers(report, config, conf)

@@ -14,7 +14,7 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
-from .model import Vm, host_gpus, vms_from_xml
+from .model import Host, Vm, host_gpus, hosts_from_xml, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,11 @@ class OneCloud:
         """(GPUs, free GPUs) on every host (one one.hostpool.info)."""
         text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))
         return host_gpus(str(text))
+
+    def hosts(self) -> list[Host]:
+        """One host pool query: every host the user may see, with its state and PCI devices (VMID -1: free)."""
+        text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))
+        return hosts_from_xml(str(text))
 
     def template_id(self, ref: str | int) -> int:
         """A template's numeric id, from its id or its name (one templatepool query)."""

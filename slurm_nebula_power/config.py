@@ -21,6 +21,10 @@ SYSTEM_CONFIG = Path("/etc/slurm") / CONFIG_NAME
 SUSPEND_ACTIONS = ("terminate", "undeploy", "poweroff")
 WAIT_FOR = ("running", "ready")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+JOB_POLICIES = ("all-or-nothing", "best-effort")
+# Seconds a node set is not started again after a GPU shortage; Slurm 23.02+ gets the same value as the
+# hand-back's ResumeAfter, so both cooldowns end together.
+SHORTAGE_COOLDOWN = 60
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class PowerConfig:
     recreate_attempts: int = 1
     poll_max: float = 2.0
     reconcile_grace: float = 300.0
+    shortage_cooldown: int = SHORTAGE_COOLDOWN
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class NodeSet:
     boot_timeout: float = 600.0
     wait_for: str = "running"
     options: Mapping[str, Any] = field(default_factory=dict)
+    pending_timeout: float = 60.0  # a VM PENDING with a SCHED_MESSAGE this long cannot be placed
+    job_policy: str | None = None  # None: all-or-nothing when the template has GPUs, else best-effort
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "recreate_attempts": Key((int,), 1),
         "poll_max": Key(NUMBER, 2.0, _positive),
         "reconcile_grace": Key(NUMBER, 300.0),
+        "shortage_cooldown": Key((int,), SHORTAGE_COOLDOWN, _positive),
     },
     "nodeset": {
         "nodes": Key((str,)),
@@ -212,6 +220,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "suspend_action": Key((str,), "terminate", _one_of(SUSPEND_ACTIONS)),
         "boot_timeout": Key(NUMBER, 600.0, _positive),
         "wait_for": Key((str,), "running", _one_of(WAIT_FOR)),
+        "pending_timeout": Key(NUMBER, 60.0, _positive),
+        "job_policy": Key((str,), None, _one_of(JOB_POLICIES)),
     },
 }
 # Keys a node set may carry for `slurm-nebula-power template` and `slurm-conf`; validated by those commands.
@@ -401,4 +411,6 @@ def _nodeset(reader: _Reader, index: int, raw: Any) -> NodeSet:
         boot_timeout=values["boot_timeout"],
         wait_for=values["wait_for"],
         options=options,
+        pending_timeout=values["pending_timeout"],
+        job_policy=values["job_policy"],
     )

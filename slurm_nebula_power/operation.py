@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from .config import Config
 from .errors import ActionRefused, CloudError, SlurmError, first_line
 from .hostlists import fold
-from .model import ACTIVE, RUNNING_LCM, Vm
+from .model import ACTIVE, RUNNING_LCM, Host, Vm
 from .plan import removal_action
 from .slurm import SlurmControl
 
@@ -26,6 +26,7 @@ class Cloud(Protocol):
     """What the operations need of OpenNebula (cloud.OneCloud, or a fake in tests)."""
 
     def cluster_vms(self, cluster: str) -> list[Vm]: ...
+    def hosts(self) -> list[Host]: ...
     def template_id(self, ref: str | int) -> int: ...
     def template(self, template_id: int) -> dict[str, Any]: ...
     def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True) -> int: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
@@ -90,6 +90,36 @@ def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mappin
         parts.append(element(TAG_JOBS, ",".join(str(j) for j in sorted(set(jobs)))))
     parts.append("<CONTEXT>" + "".join(element(k, v) for k, v in merged.items()) + "</CONTEXT>")
     return "<TEMPLATE>" + "".join(parts) + "</TEMPLATE>"
+
+
+# ---- jobs ------------------------------------------------------------------------------------------
+
+
+def dragged(lost: Iterable[str], jobs: Mapping[str, Sequence[int]], all_or_nothing: Callable[[str], bool]
+            ) -> dict[str, int]:
+    """Nodes that go down with the lost ones: node -> the job that drags it.
+
+    A job with a lost node is requeued by Slurm, so its other nodes idle. Each of those whose node set is
+    all-or-nothing is dragged, unless another job of this resume that lost nothing needs it; a dragged
+    node can in turn break the jobs it was in (a fixed point). A node resumed for no job is its own group.
+    """
+    by_job: dict[int, list[str]] = {}
+    for node, ids in jobs.items():
+        for job in ids:
+            by_job.setdefault(job, []).append(node)
+    down = set(lost)
+    found: dict[str, int] = {}
+    while True:
+        broken = [job for job, nodes in by_job.items() if down.intersection(nodes)]
+        new: dict[str, int] = {}
+        for job in broken:
+            for node in by_job[job]:
+                if node not in down and all_or_nothing(node) and all(j in broken for j in jobs.get(node, ())):
+                    new.setdefault(node, job)  # the first job that breaks, for the reason
+        if not new:
+            return found
+        found.update(new)
+        down.update(new)
 
 
 # ---- suspend and removal -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 from .backoff import Backoff
 from .config import NodeSet
 from .errors import CloudError, SlurmError, first_line
+from .gate import Gate
 from .hostlists import fold
 from .model import PENDING, Vm, ours_by_node, printable, valid_ip
 from .operation import (
@@ -44,6 +45,10 @@ class Boot:
     addr: str | None = None
     seen: str = ""
     running: int | None = None  # the VM recorded running
+    pending_since: float | None = None  # when this run first saw its VM PENDING
+
+
+UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
 
 
 def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]) -> Outcome:
@@ -84,12 +89,16 @@ class _Resume:
         self.outcome = outcome
         self.removals = Removals(ctx.cloud, ctx.recorder)
         self.templates: dict[int, tuple[int, dict[str, Any]]] = {}  # id(nodeset) -> (template id, CONTEXT)
+        self.gate = Gate(ctx, jobs)
+        self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
 
     def run(self, boots: list[Boot]) -> None:
         """Read templates and the pool once, start every node, watch them, sweep what failed."""
         ctx = self.ctx
+        self.boots = {boot.node: boot for boot in boots}
         try:
+            boots = self._cooldown(boots)
             boots = self._read_templates(boots)
             if not boots:
                 return
@@ -101,6 +110,7 @@ class _Resume:
             ours = ours_by_node(vms, ctx.cluster, (b.node for b in boots))
             plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
+            plans = self._admit(plans)
             for boot, plan in plans:
                 boot.future = self.pool.submit(self._start, boot, plan)
             self._watch(boots)
@@ -113,14 +123,51 @@ class _Resume:
         for nodeset in {id(b.nodeset): b.nodeset for b in boots}.values():
             try:
                 tid = ctx.cloud.template_id(nodeset.template)
-                context = ctx.cloud.template(tid).get("CONTEXT") or {}
+                body = ctx.cloud.template(tid)
+                context = body.get("CONTEXT") or {}
                 self.templates[id(nodeset)] = (tid, context if isinstance(context, dict) else {})
+                self.gate.learn_template(nodeset, body)
             except CloudError as exc:
                 log.error("node set %s: template %r: %s", nodeset.nodes_expr, nodeset.template, exc)
                 bad = [b.node for b in boots if b.nodeset is nodeset]
                 hand_back(ctx, self.outcome, bad, f"template {nodeset.template}: {first_line(exc, REASON_LENGTH)}")
                 boots = [b for b in boots if b.nodeset is not nodeset]
         return boots
+
+    # -- capacity, cooldown and job policy, before anything is created --
+
+    def _cooldown(self, boots: list[Boot]) -> list[Boot]:
+        """Hand back at once the nodes of node sets in their shortage cooldown, unless GPUs came back."""
+        for nodeset in {id(b.nodeset): b.nodeset for b in boots}.values():
+            mine = [b.node for b in boots if b.nodeset is nodeset]
+            reason = self.gate.cooling(nodeset, len(mine))
+            if reason is not None:
+                hand_back(self.ctx, self.outcome, mine, reason)
+                boots = [b for b in boots if b.nodeset is not nodeset]
+        return boots
+
+    def _admit(self, plans: list[tuple[Boot, Plan]]) -> list[tuple[Boot, Plan]]:
+        """Hand back what the free GPUs cannot take, and the jobs that cannot start whole."""
+        refused = self.gate.refuse([(b.node, b.nodeset, plan) for b, plan in plans], self.outcome.failed_nodes)
+        by_reason: dict[str, list[tuple[Boot, Vm | None]]] = defaultdict(list)
+        for boot, _ in plans:
+            if boot.node in refused:
+                reason, vms = refused[boot.node]
+                by_reason[reason] += [(boot, vm) for vm in vms] or [(boot, None)]
+        for reason, entries in by_reason.items():
+            self._drop(entries, reason)
+        return [(boot, plan) for boot, plan in plans if boot.node not in refused]
+
+    def _drop(self, entries: Sequence[tuple[Boot, Vm | None]], reason: str) -> None:
+        """Terminate these VMs of ours (no GPU stays held), then hand their nodes back."""
+        removals = []
+        for boot, vm in entries:
+            log.error("node=%s vm=%s not started: %s", boot.node, vm.id if vm else None, reason)
+            if vm is not None and self.removals.claim(vm.id):
+                removals.append(self.pool.submit(self.removals.remove, boot.node, vm))
+        for removal in removals:
+            removal.result()
+        hand_back(self.ctx, self.outcome, list(dict.fromkeys(boot.node for boot, _ in entries)), reason)
 
     # -- starting a node (in the pool) --
 
@@ -168,6 +215,7 @@ class _Resume:
             if snapshot is None:
                 known, snapshot = [], {}
             known = self._set_addresses(known, snapshot, failures)
+            unplaced: list[tuple[Boot, Vm]] = []
             for boot in known:
                 vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
                 verdict = self._judge(boot, vm, now)
@@ -175,13 +223,19 @@ class _Resume:
                     self.outcome.done.append(boot.node)
                 elif verdict == "recreate":
                     boot.attempts += 1
-                    boot.vm_id, boot.addr = None, None
+                    boot.vm_id, boot.addr, boot.pending_since = None, None, None
                     boot.future = self.pool.submit(self._start, boot, Plan("recreate", vm))
+                elif verdict == UNPLACED and vm is not None:
+                    unplaced.append((boot, vm))
                 elif verdict:
                     failures[verdict].append(boot)
+            if unplaced:
+                self._unplaced(unplaced, failures)
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
-            settled = set(self.outcome.done) | {b.node for b in _flat(failures)}
+            if failures:
+                self._drag(snapshot)
+            settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
             active = [b for b in active if b.node not in settled]
 
     def _collect_calls(self, active: Sequence[Boot], now: float) -> dict[str, list[Boot]]:
@@ -287,6 +341,12 @@ class _Resume:
             return self._retry_or(boot, now, f"VM failed to boot ({vm.state_name})")
         if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
             return "done"
+        if vm.state != PENDING:
+            boot.pending_since = None
+        elif boot.pending_since is None:
+            boot.pending_since = now
+        elif vm.sched_message and now - boot.pending_since >= boot.nodeset.pending_timeout:
+            return UNPLACED
         if now < boot.deadline:
             return ""
         if vm.state == PENDING and vm.sched_message:
@@ -316,6 +376,29 @@ class _Resume:
         for removal in removals:
             removal.result()
         hand_back(self.ctx, self.outcome, [b.node for b in failed], reason)
+
+    def _unplaced(self, unplaced: Sequence[tuple[Boot, Vm]], failures: dict[str, list[Boot]]) -> None:
+        """VMs oned could not place within pending_timeout fail, with the shortage a fresh read of the
+        host pool shows; their node sets' cooldown starts."""
+        gpus = any(self.gate.requests.get(id(b.nodeset)) for b, _ in unplaced)
+        hosts = self.gate.fresh_hosts() if gpus else None
+        for nodeset in {id(b.nodeset): b.nodeset for b, _ in unplaced}.values():
+            mine = [(b, vm) for b, vm in unplaced if b.nodeset is nodeset]
+            failures[self.gate.unplaced(nodeset, mine[0][1], hosts)].extend(b for b, _ in mine)
+
+    def _drag(self, snapshot: Mapping[int, Vm]) -> None:
+        """After failures: the all-or-nothing jobs that lost a node give back their other nodes too."""
+        by_reason: dict[str, list[tuple[Boot, Vm | None]]] = defaultdict(list)
+        for node, reason in self.gate.drag(self.outcome.failed_nodes).items():
+            boot = self.boots.get(node)
+            if boot is None:
+                continue
+            vm = None if boot.vm_id is None else snapshot.get(boot.vm_id, unseen_vm(boot.vm_id, node))
+            by_reason[reason].append((boot, vm))
+            if node in self.outcome.done:
+                self.outcome.done.remove(node)
+        for reason, entries in by_reason.items():
+            self._drop(entries, reason)
 
     def _sweep_failed(self) -> None:
         """After the actions drained: no VM of ours may remain for a node handed back in this run.

@@ -42,19 +42,21 @@ class Shape:
     source: str
 
 
+def is_gpu(device: Mapping[str, Any]) -> bool:
+    """A template PCI entry that is a GPU: CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC."""
+    if str(device.get("TYPE", "")).upper() == "NIC":
+        return False
+    klass, vendor = str(device.get("CLASS", "")), str(device.get("VENDOR", "")).lower()
+    if klass.startswith("03") or device.get("PROFILE") or (not klass and vendor in GPU_VENDORS):
+        return True
+    # one exact device by address: what passthrough of a GPU looks like
+    return not klass and not vendor and bool(device.get("SHORT_ADDRESS"))
+
+
 def pci_gpus(pci: Any) -> int:
     """GPUs among a template's PCI entries (CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC)."""
     devices = pci if isinstance(pci, list) else [pci] if isinstance(pci, dict) else []
-    count = 0
-    for device in devices:
-        if not isinstance(device, dict) or str(device.get("TYPE", "")).upper() == "NIC":
-            continue
-        klass, vendor = str(device.get("CLASS", "")), str(device.get("VENDOR", "")).lower()
-        if klass.startswith("03") or device.get("PROFILE") or (not klass and vendor in GPU_VENDORS):
-            count += 1
-        elif not klass and not vendor and device.get("SHORT_ADDRESS"):
-            count += 1  # one exact device by address: what passthrough of a GPU looks like
-    return count
+    return sum(1 for device in devices if isinstance(device, dict) and is_gpu(device))
 
 
 def _number(value: Any) -> float | None:

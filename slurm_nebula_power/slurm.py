@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .config import Config
+from .config import SHORTAGE_COOLDOWN, Config
 from .errors import PowerError, SlurmError
 from .hostlists import expand, fold
 from .model import printable
@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 BATCH = 256  # nodes per scontrol update: keeps argv well under ARG_MAX for any node-name length
 SEARCH_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"))
 REASON_PREFIX = "nebula: "
-# 23.02+: a handed-back node returns to service by itself after this cooldown (no create/delete loop).
-RESUME_AFTER = 60
+# 23.02+: a handed-back node returns to service by itself after this cooldown (no create/delete loop);
+# the default of [power] shortage_cooldown, which is what a configured Scontrol passes.
+RESUME_AFTER = SHORTAGE_COOLDOWN
 
 
 class SlurmControl(Protocol):
@@ -141,7 +142,8 @@ def find_scontrol(config: Config | None, environ: Mapping[str, str]) -> Path:
 def scontrol_for(config: Config, environ: Mapping[str, str], timeout: float = 30.0) -> Scontrol:
     """The configured site's scontrol: found by find_scontrol, run with the configured SLURM_CONF."""
     env = {"SLURM_CONF": str(config.slurm.slurm_conf)} if config.slurm.slurm_conf else {}
-    return Scontrol(find_scontrol(config, environ), env=env, timeout=timeout)
+    return Scontrol(find_scontrol(config, environ), env=env, timeout=timeout,
+                    resume_after=config.power.shortage_cooldown)
 
 
 def slurm_version(config: Config, environ: Mapping[str, str]) -> tuple[int, int] | None:
@@ -170,6 +172,15 @@ def jobs_from_resume_file(environ: Mapping[str, str]) -> dict[str, list[int]]:
         return {}
 
 
+def nodes_by_job(jobs: Mapping[str, Sequence[int]]) -> dict[int, list[str]]:
+    """The other direction of jobs_from_resume_file: each job's nodes in this resume, jobs in file order."""
+    out: dict[int, list[str]] = {}
+    for node, ids in jobs.items():
+        for job in ids:
+            out.setdefault(job, []).append(node)
+    return out
+
+
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
@@ -181,6 +192,7 @@ class Scontrol:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 30.0
     runner: Runner = subprocess.run
+    resume_after: int = RESUME_AFTER
     _version: tuple[int, int] | None = None
 
     def run(self, *args: str, check: bool = True) -> str:
@@ -241,7 +253,7 @@ class Scontrol:
             names = fold(nodes[start:start + BATCH])
             if self.version() >= (23, 2):
                 self.update(f"NodeName={names}", "State=DOWN", f"Reason={text}",
-                            f"ResumeAfter={RESUME_AFTER}")
+                            f"ResumeAfter={self.resume_after}")
             else:
                 self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
 

@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .capacity import Pool, gpu_requests, label, usage
 from .config import Config
 from .drift import Diagnosis, NodeView, diagnose, survey
-from .errors import PowerError
+from .errors import CloudError, PowerError, first_line
 from .model import ACTIVE, STATE_NAMES, lcm_name
 from .operation import Cloud
 from .shapes import PROLOG
@@ -91,3 +92,53 @@ def prolog_line(config: Config) -> str | None:
         return f"PrologSlurmctld: {PROLOG}{chain} (a job starts as soon as its cloud nodes are up)"
     return (f"PrologSlurmctld: {prolog or 'not set'}, not {PROLOG}: a job starts only at slurmctld's next "
             "30 s check after its cloud nodes are up (see check)")
+
+
+# ---- capacity (`status --capacity`) ------------------------------------------------------------------
+
+
+def capacity(config: Config, cloud: Cloud) -> list[dict[str, Any]]:
+    """Per GPU node set: what one VM needs, and per host the matching devices free, ours and others'.
+
+    One host pool query, one VM pool query (our VMs: tagged for this cluster and node), plus the templates
+    (a node set whose template has no GPU is left out). `free` totals only hosts that take new VMs
+    (MONITORED); a disabled or offline host's free devices are shown per host but not counted.
+    """
+    cluster = config.slurm.cluster
+    mine = {vm.id for vm in cloud.cluster_vms(cluster) if vm.is_ours(cluster, vm.name)}
+    hosts = cloud.hosts()
+    out: list[dict[str, Any]] = []
+    for nodeset in config.nodesets:
+        entry: dict[str, Any] = {"nodeset": nodeset.nodes_expr}
+        try:
+            requests = gpu_requests(cloud.template(cloud.template_id(nodeset.template)))
+        except CloudError as exc:
+            out.append({**entry, "error": f"template {nodeset.template}: {first_line(exc)}"})
+            continue
+        if not requests:
+            continue
+        per_host = usage(hosts, requests, mine)
+        out.append({**entry, "gpu": label(requests), "gpus_per_vm": len(requests),
+                    "free": Pool(hosts).free(requests), "ours": sum(u.ours for u in per_host),
+                    "others": sum(u.others for u in per_host),
+                    "hosts": [{"host": u.host, "state": u.state, "placeable": u.placeable, "free": u.free,
+                               "ours": u.ours, "others": u.others} for u in per_host]})
+    return out
+
+
+def render_capacity(items: Sequence[Mapping[str, Any]]) -> str:
+    """The capacity section below the node table."""
+    lines: list[str] = []
+    for item in items:
+        if "error" in item:
+            lines.append(f"CAPACITY {item['nodeset']}: {item['error']}")
+            continue
+        lines.append(f"CAPACITY {item['nodeset']}: GPU {item['gpu']} x{item['gpus_per_vm']} per VM: "
+                     f"{item['free']} free, {item['ours']} held by our VMs, {item['others']} by others")
+        cells = [(h["host"], h["state"] + ("" if h["placeable"] else " (takes no VM)"), str(h["free"]),
+                  str(h["ours"]), str(h["others"])) for h in item["hosts"]]
+        head = ("  HOST", "STATE", "FREE", "OURS", "OTHERS")
+        cells = [(f"  {c[0]}", *c[1:]) for c in cells]
+        widths = [max(len(line[i]) for line in [head, *cells]) for i in range(len(head))]
+        lines += ["  ".join(v.ljust(widths[i]) for i, v in enumerate(line)).rstrip() for line in [head, *cells]]
+    return "\n".join(lines)

@@ -229,6 +229,8 @@ def start_e2e(
     boot_timeout: float = 6,
     durations: Durations = FAST,
     power_extra: str = "",
+    nodeset_extra: str = "",
+    sim_hosts: Any = None,
     **cluster_kw: Any,
 ) -> E2E:
     """Start slurmctld (our installed programs as its power programs), the simulator and the configuration.
@@ -259,7 +261,7 @@ def start_e2e(
     sim_logger.setLevel(logging.INFO)
 
     auth = f"oneadmin:{secrets.token_hex(8)}"
-    sim_cfg = SimConfig(hosts=gpu_hosts(hosts, gpus_per_host), durations=durations, tick_seconds=0.02,
+    sim_cfg = SimConfig(hosts=sim_hosts or gpu_hosts(hosts, gpus_per_host), durations=durations, tick_seconds=0.02,
                         on_running=(str(hook),), on_stopped=(str(hook),))
     sim = Simulator(sim_cfg, auth=auth).start()
     auth_file = base / "one_auth"
@@ -290,7 +292,7 @@ def start_e2e(
         nodes = "{','.join(nodes)}"
         template = "slurm-gpu-worker"
         boot_timeout = {boot_timeout}
-        """))
+        """) + textwrap.dedent(nodeset_extra))
     env = E2E(cluster=cluster, sim=sim, config=config, hook_dir=hook_dir, boot_timeout=boot_timeout,
               _handler=handler)
     env.watch_vms()

@@ -71,6 +71,7 @@ def test_good_deployment_passes(site, capsys) -> None:
     assert "0 problem(s), 0 warning(s)" in err
     assert "oned 6.10.0, user oneadmin, VM pool readable" in out
     assert "template 0: 8 vCPU, 65536 MiB, 1 GPU" in out
+    assert "OpenNebula host pool: " in out and " take VMs; gpu[01-04]: " in out and " GPU 10de:0302 free" in out
 
 
 @pytest.mark.parametrize(("old", "new", "expected"), [
@@ -286,3 +287,22 @@ def test_a_configuration_or_lock_directory_other_users_can_write_is_a_problem(si
     assert code == EXIT_NODES_FAILED
     assert any(p.startswith(f"configuration {site.config}: writable by other users") for p in found), found
     assert any(p.startswith(f"lock_dir {site.root / 'locks'}: writable by other users") for p in found), found
+
+
+class _HostsRefused(OneCloud):
+    """A user who may list VMs but not hosts."""
+
+    def hosts(self):
+        from slurm_nebula_power.errors import CloudAuthError
+
+        raise CloudAuthError("[one.hostpool.info] User [2] not authorized to perform action on host.")
+
+
+def test_an_unreadable_host_pool_is_a_warning(site) -> None:
+    from slurm_nebula_power.checks import WARNING, run_checks
+
+    report = run_checks(None, site.env, lambda config: _HostsRefused(config.opennebula, retry_seconds=0))
+    [found] = [f for f in report.findings if f.subject == "OpenNebula host pool"]
+    assert found.level == WARNING and "relies on pending_timeout alone" in found.text
+    assert 'oneacl create "#<uid> HOST/* USE"' in found.fix
+    assert not report.problems

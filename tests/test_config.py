@@ -58,6 +58,12 @@ BROKEN = [
     ("metrics file not .prom", ("nebula-power.prom", "nebula-power.txt"),
      "log.metrics_file: must end in .prom (node_exporter's textfile collector reads *.prom)"),
     ("audit file not a string", ('audit_file = "', "audit_file = 1 #"), "log.audit_file: must be a string"),
+    ("bad job policy", ('suspend_action = "poweroff"', 'suspend_action = "poweroff"\njob_policy = "some"'),
+     "nodeset[1].job_policy: must be one of 'all-or-nothing', 'best-effort'"),
+    ("zero pending_timeout", ('suspend_action = "poweroff"', 'suspend_action = "poweroff"\npending_timeout = 0'),
+     "nodeset[1].pending_timeout: must be greater than 0"),
+    ("fractional cooldown", ("poll_max = 0.5", "poll_max = 0.5\nshortage_cooldown = 1.5"),
+     "power.shortage_cooldown: must be an integer"),
 ]
 
 
@@ -109,3 +115,15 @@ def test_unwritable_log_directory_exits_3_without_side_effect(setup, tmp_path, c
     err = capsys.readouterr().err
     assert "log.file: cannot write" in err and err.count("\n") == 1
     assert setup.scontrol_calls() == []
+
+
+def test_gpu_shortage_keys_default_and_load(setup) -> None:
+    config = load_config(setup.config, setup.env)
+    gpu, _ = config.nodesets
+    assert (gpu.pending_timeout, gpu.job_policy, config.power.shortage_cooldown) == (60.0, None, 60)
+    setup.config.write_text(setup.config.read_text().replace(
+        'suspend_action = "poweroff"', 'suspend_action = "poweroff"\njob_policy = "all-or-nothing"\n'
+        "pending_timeout = 90").replace("poll_max = 0.5", "poll_max = 0.5\nshortage_cooldown = 120"))
+    config = load_config(setup.config, setup.env)
+    assert (config.nodesets[1].job_policy, config.nodesets[1].pending_timeout) == ("all-or-nothing", 90.0)
+    assert config.power.shortage_cooldown == 120

@@ -46,6 +46,12 @@ def test_demo_runs_start_to_finish_without_slurm(capsys) -> None:
     assert sorted(usage) == ["1001", "1002", "1003"], out
     assert usage["1001"][2] == "gpu[01-02]" and len(usage["1001"][1].split(",")) == 2  # one job, two VMs
     assert usage["1002"][2] == "gpu03" and re.fullmatch(r"gpu-host-0\d", usage["1002"][3])
+    # a job that asks for more GPUs than exist: handed back whole, at once, with no VM created
+    assert "would run: scontrol update NodeName=gpu[01-05] State=POWER_DOWN_FORCE Reason=nebula: job 1: needs 5 " \
+           "GPUs 10de:0302, 4 free" in out
+    assert re.search(r"resume: 0 done, 5 failed \(job 1: needs 5 GPUs 10de:0302, 4 free: gpu\[01-05\]\) in "
+                     r"\d+\.\ds, 0 VMs created", out)
+    assert "CAPACITY gpu[01-08]: GPU 10de:0302 x1 per VM: 4 free, 0 held by our VMs, 0 by others" in out
     root = Path(re.search(r"programs in (\S+),", out).group(1))  # type: ignore[union-attr]
     assert not root.exists(), "the temporary directory is removed"
 
@@ -56,7 +62,7 @@ def test_keep_leaves_the_configuration_and_a_private_auth_file(capsys) -> None:
     root = Path(re.search(r"kept (\S+)", out).group(1))  # type: ignore[union-attr]
     try:
         assert (root / "one_auth").stat().st_mode & 0o777 == 0o600
-        assert "nodes = \"gpu[01-04]\"" in (root / "nebula-power.toml").read_text()
+        assert "nodes = \"gpu[01-08]\"" in (root / "nebula-power.toml").read_text()
         assert "summary" not in out and "node=gpu01" in (root / "nebula-power.log").read_text()
     finally:
         shutil.rmtree(root)

@@ -1,6 +1,7 @@
 """`demo`: the README's first command. The embedded simulator, a temporary configuration, a resume of
-gpu[01-04] watched state by state, the status table, then a suspend that gives every GPU back. No Slurm:
-the scontrol commands are printed instead of run.
+gpu[01-04] watched state by state, the status table, then a suspend that gives every GPU back, and a job
+that asks for more GPUs than exist, handed back whole before any VM is created. No Slurm: the scontrol
+commands are printed instead of run.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError
 from ..hostlists import expand
 from ..resume import resume
 from ..slurm import PrintedSlurm
-from ..statustable import render, table_rows
+from ..statustable import capacity, render, render_capacity, table_rows
 from ..suspend import power_down
 from ..usage import intervals, read_audit, summarize
 from ..usage import render as usage_table
 from .common import audit_log, build_context, parse, publish_metrics, report_error, run_figures, setup_logging
 
 NODES = "gpu[01-04]"
+NODESET = "gpu[01-08]"  # twice the GPUs of the simulated cloud: room for a job that asks too much
+BIG_JOB = "gpu[01-05]"
 TEMPLATE = "slurm-gpu-worker"
 # The job ids slurmctld would pass in SLURM_RESUME_FILE: a 2-node job and two 1-node jobs.
 JOBS = {"gpu01": [1001], "gpu02": [1001], "gpu03": [1002], "gpu04": [1003]}
@@ -119,7 +122,7 @@ def write_config(root: Path, endpoint: str, auth: str) -> Path:
     auth_file.chmod(stat.S_IRUSR | stat.S_IWUSR)
     auth_file.write_text(auth + "\n", encoding="utf-8")
     path = root / "nebula-power.toml"
-    text = CONFIG.format(endpoint=endpoint, root=root, nodes=NODES, template=TEMPLATE)
+    text = CONFIG.format(endpoint=endpoint, root=root, nodes=NODESET, template=TEMPLATE)
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -157,16 +160,30 @@ def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[
         progress.restart()
         down = observed(ctx, config, "suspend", lambda run: power_down(run, nodes, "suspend", force=False))
         emit(f"   suspend: {down.describe()}; {gpus(sim)}")
+        big = expand(BIG_JOB)
+        emit(f"6. job 1 asks for {len(big)} GPU nodes ({BIG_JOB}) on a cloud with 4 GPUs: "
+             f"slurm-nebula-resume {BIG_JOB}")
+        created = len(sim.vms())
+        start_big = time.monotonic()
+        short = observed(ctx, config, "resume", lambda run: resume(run, big, {node: [1] for node in big}))
+        emit(f"   resume: {short.describe()} in {time.monotonic() - start_big:.1f}s, "
+             f"{len(sim.vms()) - created} VMs created; {gpus(sim)}")
+        emit("   the whole job is handed back at once (all-or-nothing), so Slurm requeues it now, not at "
+             "boot_timeout, and no GPU idles for it")
+        emit("7. slurm-nebula-power status --capacity   (the GPUs per host)")
+        emit(textwrap.indent(render_capacity(capacity(config, ctx.cloud)), "   "))
         hosts = sim.hosts()
         freed = all(h.gpus_free == h.gpus_total for h in hosts)
-        emit(f"6. slurm-nebula-power usage   (from the usage records in {config.log.audit_file})")
+        no_vm = len(sim.vms()) == created and sorted(short.failed_nodes) == big
+        emit(f"8. slurm-nebula-power usage   (from the usage records in {config.log.audit_file})")
         records, _ = read_audit([config.log.audit_file] if config.log.audit_file else [])
         rows = summarize(intervals(records), "job", None, time.time(), lambda node: NODES)
         emit(textwrap.indent(usage_table(rows, "job"), "   "))
         emit(f"   metrics for Prometheus (node_exporter's textfile collector) in {config.log.metrics_file}")
-    ok = not up.failed and not down.failed and freed and len(up.done) == len(nodes)
+    ok = not up.failed and not down.failed and freed and len(up.done) == len(nodes) and no_vm
     emit(f"{'done' if ok else 'FAILED'} in {time.monotonic() - start:.1f}s: "
-         + ("every VM created, booted and terminated, every GPU back." if ok else "see the log " +
+         + ("every VM created, booted and terminated, every GPU back. The job too big for the cloud was handed "
+            "back whole, with no VM created." if ok else "see the log " +
             str(config.log.file)))
     emit("Next: write your configuration (etc/nebula-power.toml), then `slurm-nebula-power check` and "
          "`slurm-nebula-power slurm-conf`.")
@@ -179,7 +196,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser = argparse.ArgumentParser(prog="slurm-nebula-power demo", description=(
         f"Start the embedded OpenNebula simulator, write a temporary configuration, resume {NODES} showing "
         "each VM's progress (PENDING -> PROLOG -> BOOT -> RUNNING), show the status table, then suspend them "
-        "and show the GPUs freed. Needs no Slurm: the scontrol commands are printed. Takes about 10 s."))
+        f"and show the GPUs freed; then a job that asks for more GPUs than exist ({BIG_JOB}) is handed back "
+        "whole at once. Needs no Slurm: the scontrol commands are printed. Takes about 10 s."))
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.epilog = "exit: 0 demo ran start to finish, 1 something failed (the log says what), 2 usage"
     parser.add_argument("--phase-seconds", type=float, default=1.0, metavar="S",

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError, SlurmError
 from ..hostlists import expand
 from ..slurm import scontrol_for
-from ..statustable import prolog_line, render, table_rows
+from ..statustable import capacity, prolog_line, render, render_capacity, table_rows
 from .common import load, make_parser, open_cloud, parse, quiet_logging, report_error
 
 
@@ -26,6 +26,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.add_argument("hostlist", nargs="?", help="nodes to show (default: every configured node, and VMs "
                         "of this cluster whose node is in no node set)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
+    parser.add_argument("--capacity", action="store_true", help="also show each GPU node set's devices per host "
+                        "(free, held by our VMs, by others); with --json print {\"nodes\": rows, \"capacity\": "
+                        "[...]} instead of the list")
     parser.add_argument("--no-slurm", action="store_true", help="do not ask slurmctld (Slurm columns empty)")
     args = parse(parser, argv)
     if isinstance(args, int):
@@ -40,12 +43,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 states = scontrol_for(config, env).show_all_nodes()
             except SlurmError as exc:
                 print(f"{prog}: warning: Slurm state unavailable: {exc}", file=sys.stderr)
-        rows = table_rows(config, open_cloud(config), states, nodes)
+        cloud = open_cloud(config)
+        rows = table_rows(config, cloud, states, nodes)
+        gpus = capacity(config, cloud) if args.capacity else None
     except PowerError as exc:
         report_error(prog, str(exc), quiet=True)
         return exc.exit_code
     footer = None if args.json else prolog_line(config)
-    print(json.dumps(rows, indent=2) if args.json else render(rows, not args.no_slurm))
+    if args.json:
+        print(json.dumps(rows if gpus is None else {"nodes": rows, "capacity": gpus}, indent=2))
+    else:
+        print(render(rows, not args.no_slurm))
+        if gpus is not None:
+            print(render_capacity(gpus))
     if footer:
         print(footer)
     return EXIT_NODES_FAILED if any(r["problems"] for r in rows) else EXIT_OK

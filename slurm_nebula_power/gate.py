@@ -1,0 +1,179 @@
+"""What the host pool and the job policy let resume start: the shortage cooldown, the GPU count before
+anything is created, the reason for a VM oned could not place, and the nodes an all-or-nothing job drags
+down with it. Decides and records; resume removes the VMs and hands the nodes back."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .admission import Need, admit, may_retry
+from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
+from .config import NodeSet
+from .cooldown import COUNT, PLACEMENT, ShortageLog
+from .errors import CloudError
+from .hostlists import fold
+from .model import PENDING, Host, Vm
+from .operation import Context
+from .plan import Plan, dragged
+
+log = logging.getLogger(__name__)
+Planned = tuple[str, NodeSet, Plan]  # a node, its node set, what resume would do for it
+_CTIME = re.compile(r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} ?: ")  # oned's prefix of SCHED_MESSAGE
+
+
+class Gate:
+    """One resume run's view of GPU capacity: the host pool read at most once before starting."""
+
+    def __init__(self, ctx: Context, jobs: Mapping[str, Sequence[int]]) -> None:
+        self.ctx = ctx
+        self.jobs = jobs
+        self.requests: dict[int, Requests] = {}  # id(nodeset) -> the GPUs one of its VMs needs
+        self.shortages = ShortageLog(ctx.config.power.lock_dir)
+        self._hosts: list[Host] | None = None
+        self._hosts_read = False
+
+    def learn_template(self, nodeset: NodeSet, template: Mapping[str, Any]) -> None:
+        """Note what GPUs a VM of this node set asks for."""
+        self.requests[id(nodeset)] = gpu_requests(template)
+
+    def hosts(self) -> list[Host] | None:
+        """The host pool, read once per run (None: unreadable or empty, so capacity is unknown)."""
+        if not self._hosts_read:
+            self._hosts_read = True
+            self._hosts = self.fresh_hosts()
+        return self._hosts
+
+    def fresh_hosts(self) -> list[Host] | None:
+        """The host pool read now (one call)."""
+        try:
+            hosts = self.ctx.cloud.hosts()
+        except CloudError as exc:
+            log.warning("host pool unreadable, GPU capacity not checked: %s", exc)
+            return None
+        if not hosts:
+            log.warning("no host visible to user %s, GPU capacity not checked", self.ctx.config.opennebula.user)
+            return None
+        return hosts
+
+    def all_or_nothing(self, node: str) -> bool:
+        """The node's node set hands back a job's other nodes when one cannot start (default: with GPUs)."""
+        nodeset = self.ctx.config.nodeset_for(node)
+        if nodeset is None:
+            return False
+        if nodeset.job_policy is not None:
+            return nodeset.job_policy == "all-or-nothing"
+        return bool(self.requests.get(id(nodeset)))
+
+    # -- before anything is read or created --
+
+    def cooling(self, nodeset: NodeSet, count: int) -> str | None:
+        """Why this node set's `count` nodes are handed back at once (its shortage cooldown), or None."""
+        cooldown = self.ctx.config.power.shortage_cooldown
+        now = self.shortages.clock()
+        shortage = self.shortages.read(nodeset.nodes_expr)
+        if shortage is None or shortage.age(now) >= cooldown:
+            return None
+        requests = tuple(_request(r) for r in shortage.requests)
+        hosts = self.hosts() if requests else None
+        free = None if hosts is None else Pool(hosts).free(requests)
+        if may_retry(shortage, free, count * len(requests)):
+            log.info("node set %s: %s GPUs %s free, cooldown lifted", nodeset.nodes_expr, free, label(requests))
+            self.shortages.clear(nodeset.nodes_expr)
+            return None
+        now_free = "" if free is None else f", {free} free now"
+        return f"cooldown {cooldown - shortage.age(now):.0f}s left after {shortage.reason}{now_free}"
+
+    # -- after the plan, before starting --
+
+    def refuse(self, plans: Sequence[Planned], lost: Sequence[str]) -> dict[str, tuple[str, list[Vm]]]:
+        """Count the free GPUs once: node -> (reason, VMs of ours to remove) for the nodes the count cannot
+        take and for those their all-or-nothing jobs (or the `lost` nodes' jobs) drag down."""
+        refused: dict[str, str] = {}
+        if any(self._needs_devices(nodeset, plan) for _, nodeset, plan in plans):
+            hosts = self.hosts()
+            if hosts is not None:
+                released = [vm.id for _, _, plan in plans for vm in (
+                    ((plan.vm,) if plan.action == "recreate" and plan.vm else ()) + plan.duplicates)]
+                needs = [self._need(node, nodeset, plan, hosts) for node, nodeset, plan in plans]
+                refused = admit(needs, self.jobs, self.all_or_nothing, Pool(hosts, released))
+                self._record_counted(plans, refused, Pool(hosts, released))
+        down = set(refused) | set(lost)
+        drag = {node: self.drag_reason(job, down)
+                for node, job in dragged(down, self.jobs, self.all_or_nothing).items() if node not in refused}
+        out: dict[str, tuple[str, list[Vm]]] = {}
+        for node, _, plan in plans:
+            reason = refused.get(node) or drag.get(node)
+            if reason is not None:
+                # A VM that is off stays as it is (its suspend_action left it so); any other of ours goes.
+                keep_off = plan.vm is not None and plan.vm.off
+                out[node] = (reason, ([] if keep_off or plan.vm is None else [plan.vm]) + list(plan.duplicates))
+        return out
+
+    def _needs_devices(self, nodeset: NodeSet, plan: Plan) -> bool:
+        return bool(self.requests.get(id(nodeset))) and not (
+            plan.action == "wait" and plan.vm is not None and plan.vm.state != PENDING)
+
+    def _need(self, node: str, nodeset: NodeSet, plan: Plan, hosts: list[Host]) -> Need:
+        """What a node's plan needs anew: nothing when its VM holds its GPUs (booting, running, POWEROFF)."""
+        requests = self.requests.get(id(nodeset), ())
+        vm = plan.vm
+        if not requests or vm is None or plan.action in ("recreate", "release"):
+            return Need(node, nodeset.nodes_expr, requests)
+        if plan.action == "wait":
+            queued = vm.state == PENDING
+            return Need(node, nodeset.nodes_expr, requests if queued else (), queued=queued)
+        return Need(node, nodeset.nodes_expr, requests if held_by(hosts, vm.id) < len(requests) else ())
+
+    def _record_counted(self, plans: Sequence[Planned], refused: Mapping[str, str], pool: Pool) -> None:
+        """A shortage the count found starts its node set's cooldown."""
+        for nodeset in {id(ns): ns for node, ns, _ in plans if node in refused}.values():
+            requests = self.requests.get(id(nodeset), ())
+            reason = next(refused[node] for node, ns, _ in plans if ns is nodeset and node in refused)
+            self.shortages.record(nodeset.nodes_expr, COUNT, pool.free(requests), f"GPU shortage ({reason})",
+                                  [_plain(r) for r in requests])
+
+    # -- while watching --
+
+    def unplaced(self, nodeset: NodeSet, vm: Vm, hosts: list[Host] | None) -> str:
+        """The reason for a node set's VMs oned did not place within pending_timeout (`vm` one of them),
+        from the host pool read now; starts the node set's cooldown."""
+        requests = self.requests.get(id(nodeset), ())
+        free = Pool(hosts).free(requests) if hosts is not None and requests else None
+        what = f"GPU {label(requests)}" if requests else "room"
+        oned = oned_message(vm.sched_message)
+        if free is not None and free < len(requests):
+            reason = f"no free {what}: PENDING {nodeset.pending_timeout:g}s, {free} free (oned: {oned})"
+        else:
+            seen = "" if free is None else f" although {free} free"
+            reason = f"not placed within pending_timeout {nodeset.pending_timeout:g}s{seen} (oned: {oned})"
+        self.shortages.record(nodeset.nodes_expr, PLACEMENT, free, reason, [_plain(r) for r in requests])
+        return reason
+
+    def drag(self, lost: Sequence[str]) -> dict[str, str]:
+        """node -> reason: the nodes all-or-nothing jobs that lost these nodes give back too."""
+        down = set(lost)
+        return {node: self.drag_reason(job, down)
+                for node, job in dragged(down, self.jobs, self.all_or_nothing).items()}
+
+    def drag_reason(self, job: int, down: set[str]) -> str:
+        """all-or-nothing: job 7 cannot start whole (gpu04 cannot start)."""
+        culprits = [node for node, ids in self.jobs.items() if job in ids and node in down]
+        return f"all-or-nothing: job {job} cannot start whole ({fold(culprits)} cannot start)"
+
+
+def oned_message(text: str) -> str:
+    """A SCHED_MESSAGE without oned's date prefix ("Mon Nov 30 10:00:00 2026: Cannot ..."), shortened."""
+    lines = _CTIME.sub("", text.strip()).splitlines()
+    return lines[0][:80] if lines else "no message"
+
+
+def _request(data: Mapping[str, str]) -> PciRequest:
+    return PciRequest(**{k: v for k, v in data.items() if k in PciRequest.__dataclass_fields__})
+
+
+def _plain(request: PciRequest) -> dict[str, str]:
+    return {k: v for k, v in dataclasses.asdict(request).items() if v}

@@ -1,0 +1,125 @@
+"""GPU shortage against the real slurmctld 22.05 (issue 16): the capacity count hands a job back whole in
+seconds, and the shortage cooldown stops 22.05's requeue storm from creating VMs.
+
+Wiring as in tests/test_e2e.py (tests/e2e_support.py). boot_timeout is 300 s here, so "handed back in
+seconds" cannot be the old path (a PENDING VM given up at boot_timeout). Measured times are printed (-s).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+from e2e_support import DONE, E2E, Stopwatch, job_script, start_e2e
+
+from opennebula_sim import HostSpec
+from opennebula_sim.config import default_pci
+
+pytestmark = pytest.mark.slurm
+
+BOOT_TIMEOUT = 300
+FOUR = ("gpu01", "gpu02", "gpu03", "gpu04")
+
+
+@pytest.fixture
+def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
+    made: list[E2E] = []
+
+    def make(**kw) -> E2E:
+        env = start_e2e(slurm_factory, **kw)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.stop()
+
+
+def summaries(env: E2E, program: str) -> list[str]:
+    return re.findall(rf"summary: {program} (\S+: \d+ done, \d+ failed.*?) in [\d.]+s, ",
+                      env.program_log_text())
+
+
+def calls(env: E2E, method: str) -> int:
+    return int(env.sim.stats()["calls"].get(method, 0))
+
+
+def test_a_4_node_job_on_3_free_gpus_is_handed_back_whole_in_seconds_holding_no_gpu(e2e) -> None:
+    env = e2e(nodes=FOUR, hosts=3, gpus_per_host=1, boot_timeout=BOOT_TIMEOUT,
+              resume_timeout=BOOT_TIMEOUT + 30)
+    c = env.cluster
+    clock = Stopwatch()
+    job = c.sbatch(script=job_script(), nodes=4)
+    env.wait(lambda: c.job_info(job).get("Restarts") == "1", 30, "job requeued")
+    seconds = clock()
+    print(f"\nE2E-TIME 4-node job, 3 free GPUs: sbatch -> requeued {seconds:.1f} s (boot_timeout {BOOT_TIMEOUT} s)")
+    assert seconds < 30 < BOOT_TIMEOUT
+    why = f"job {job}: needs 4 GPUs 10de:0302, 3 free"
+    env.wait(lambda: summaries(env, "slurm-nebula-resume"), 5, "resume finished")
+    assert summaries(env, "slurm-nebula-resume")[0] == f"gpu[01-04]: 0 done, 4 failed ({why}: gpu[01-04])"
+    [hand_back] = re.findall(r"scontrol update NodeName=\S+ State=\S+ Reason=.*", env.program_log_text())[:1]
+    assert hand_back == f"scontrol update NodeName=gpu[01-04] State=POWER_DOWN_FORCE Reason=nebula: {why}"
+    for node in FOUR:
+        assert c.node_info(node)["Reason"].startswith(f"nebula: {why} ["), c.node_info(node)
+    assert env.sim.vms() == [], "no VM was created"
+    assert calls(env, "one.template.instantiate") == 0
+    assert env.gpus_free() == env.gpus_total() == 3, "no GPU is held for the requeued job"
+    assert f"requeue job JobId={job} due to failure of node" in c.log_tail("slurmctld.log", 300)
+    c.run("scancel", str(job))
+    env.wait_nodes(FOUR, "idle~", timeout=30)
+    assert env.sim.vms() == []
+
+
+def test_a_gpu_taken_after_the_count_is_caught_by_pending_timeout_and_the_job_handed_back_whole(e2e) -> None:
+    env = e2e(nodes=FOUR, hosts=4, gpus_per_host=1, boot_timeout=BOOT_TIMEOUT, resume_timeout=BOOT_TIMEOUT + 30,
+              nodeset_extra="pending_timeout = 2\n")
+    c = env.cluster
+    # Someone else takes a GPU right after resume counted 4 free: 3 of the job's VMs are placed, 1 is not.
+    env.sim.after_call("one.hostpool.info", lambda: env.sim.add_vm(name="other", uid=7, state="RUNNING"))
+    clock = Stopwatch()
+    job = c.sbatch(script=job_script(), nodes=4)
+    env.wait(lambda: c.job_info(job).get("Restarts") == "1", 40, "job requeued")
+    seconds = clock()
+    print(f"\nE2E-TIME race, pending_timeout 2 s: sbatch -> requeued {seconds:.1f} s (boot_timeout {BOOT_TIMEOUT} s)")
+    assert seconds < 40 < BOOT_TIMEOUT
+    env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
+    [summary] = summaries(env, "slurm-nebula-resume")[:1]
+    assert summary.startswith("gpu[01-04]: 0 done, 4 failed (no free GPU 10de:0302: PENDING 2s, 0 free"), summary
+    assert "all-or-nothing: job" in summary
+    assert len([vm for vm in env.sim.vms() if vm.name.startswith("gpu")]) == 4
+    env.wait(lambda: not [vm for vm in env.live_vms() if vm.name.startswith("gpu")], 15, "our VMs terminated")
+    held = [vm for h in env.sim.hosts() for vm in h.gpu_holders.values() if vm is not None]
+    assert [env.sim.vm(vm).name for vm in held] == ["other"], "no GPU of ours held for the requeued job"
+    c.run("scancel", str(job))
+    env.wait_nodes(FOUR, "idle~", timeout=30)
+
+
+def test_on_22_05_a_shortage_makes_no_vm_churn_during_the_cooldown(e2e) -> None:
+    # One GPU the count sees as free, on a host without the memory a GPU VM needs: oned never places it.
+    # Without a cooldown, each of 22.05's re-resumes would create a VM and terminate it at pending_timeout.
+    small = HostSpec("small", memory_kb=32 * 1024 * 1024, pci=default_pci(1, 0))
+    env = e2e(nodes=("gpu01",), sim_hosts=(small,), boot_timeout=BOOT_TIMEOUT, resume_timeout=BOOT_TIMEOUT + 30,
+              nodeset_extra="pending_timeout = 2\n")
+    c = env.cluster
+    clock = Stopwatch()
+    job = c.sbatch(script=job_script(), nodes=1)
+    env.wait(lambda: c.job_info(job).get("Restarts") == "1", 30, "job requeued at pending_timeout")
+    print(f"\nE2E-TIME unplaceable VM: sbatch -> requeued {clock():.1f} s (pending_timeout 2 s)")
+    first = summaries(env, "slurm-nebula-resume")
+    assert len(first) == 1 and "not placed within pending_timeout 2s although 1 free" in \
+        first[0], first
+    [vm] = env.sim.vms()
+    assert env.sim.vm(vm.id).state == DONE
+    # 22.05 has no ResumeAfter: the requeued job resumes gpu01 again as soon as it is idle~ and eligible
+    # (SuspendTimeout 6 s, cred_expire 5 s here); the cooldown (60 s) hands it back after one host read.
+    env.wait(lambda: len(summaries(env, "slurm-nebula-resume")) >= 3, 50, "two more resumes (the storm)")
+    again = summaries(env, "slurm-nebula-resume")[1:]
+    print(f"\nE2E-STORM resumes during the cooldown after {clock():.1f} s: {again}")
+    assert all("cooldown" in s for s in again), again
+    assert calls(env, "one.template.instantiate") == 1, "no VM created during the cooldown"
+    assert len(env.sim.vms()) == 1 and not env.live_vms()
+    assert c.node_info("gpu01")["Reason"].startswith("nebula: cooldown "), c.node_info("gpu01")
+    c.run("scancel", str(job))
+    env.wait_nodes(["gpu01"], "idle~", timeout=30)
+    assert env.gpus_free() == env.gpus_total()
