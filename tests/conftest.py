@@ -15,6 +15,7 @@ from typing import Any
 
 import onedfix
 import pytest
+from e2e_support import E2E, start_e2e
 from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
 from support import make_setup
@@ -196,3 +197,19 @@ def oned(request):
         pytest.skip(str(exc))
     yield instance
     instance.stop()
+
+
+@pytest.fixture
+def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
+    """Start a deployment of the real controller with the simulator (tests/e2e_support.py):
+    `e2e(hosts=1, gpus_per_host=1, boot_timeout=6, **cluster_settings)`."""
+    made: list[E2E] = []
+
+    def make(**kw) -> E2E:
+        env = start_e2e(slurm_factory, **kw)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.stop()

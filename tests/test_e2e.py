@@ -14,30 +14,15 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Callable, Iterator
 
 import pytest
-from e2e_support import DONE, E2E, RESUME, SUSPEND, Durations, Stopwatch, job_script, start_e2e
+from e2e_support import DONE, E2E, RESUME, SUSPEND, Durations, Stopwatch, job_script
 
 pytestmark = pytest.mark.slurm
 
 NODES = ("gpu01", "gpu02")
 GPU_TEMPLATE_ID = "0"  # the simulator's slurm-gpu-worker
 
-
-@pytest.fixture
-def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
-    """Start a deployment: `e2e(hosts=1, gpus_per_host=1, boot_timeout=6, **cluster_settings)`."""
-    made: list[E2E] = []
-
-    def make(**kw) -> E2E:
-        env = start_e2e(slurm_factory, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
 
 
 def measure(what: str, seconds: float) -> None:

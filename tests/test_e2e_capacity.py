@@ -8,10 +8,9 @@ seconds" cannot be the old path (a PENDING VM given up at boot_timeout). Measure
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
 
 import pytest
-from e2e_support import DONE, E2E, Stopwatch, job_script, start_e2e
+from e2e_support import DONE, E2E, Stopwatch, job_script
 
 from opennebula_sim import HostSpec
 from opennebula_sim.config import default_pci
@@ -21,19 +20,6 @@ pytestmark = pytest.mark.slurm
 BOOT_TIMEOUT = 300
 FOUR = ("gpu01", "gpu02", "gpu03", "gpu04")
 
-
-@pytest.fixture
-def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
-    made: list[E2E] = []
-
-    def make(**kw) -> E2E:
-        env = start_e2e(slurm_factory, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
 
 
 def summaries(env: E2E, program: str) -> list[str]:

@@ -167,13 +167,18 @@ def site_factory(slurm_factory, tmp_path) -> Iterator:
     yield make
     for context, vms in sims:
         context.__exit__(None, None, None)
-        for pidfile in vms.glob("vm-*/run/munge/munged.pid"):  # the VMs' munged (slurmd: the harness)
-            try:
-                pid = int(pidfile.read_text())
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "munged":
-                    stop_pid(pid)
-            except (OSError, ValueError):
-                pass
+        stop_vm_daemons(vms)
+
+
+def stop_vm_daemons(vms: Path) -> None:
+    """Stop the booted VMs' munged (their slurmd belong to the harness, which stops them)."""
+    for pidfile in vms.glob("vm-*/run/munge/munged.pid"):
+        try:
+            pid = int(pidfile.read_text())
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "munged":
+                stop_pid(pid)
+        except (OSError, ValueError):
+            pass
 
 
 def cmdline(pid: int) -> list[str]:
