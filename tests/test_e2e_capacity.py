@@ -92,7 +92,8 @@ def test_on_22_05_a_shortage_makes_no_vm_churn_during_the_cooldown(e2e) -> None:
     job = c.sbatch(script=job_script(), nodes=1)
     env.wait(lambda: c.job_info(job).get("Restarts") == "1", 30, "job requeued at pending_timeout")
     print(f"\nE2E-TIME unplaceable VM: sbatch -> requeued {clock():.1f} s (pending_timeout 2 s)")
-    first = summaries(env, "slurm-nebula-resume")
+    # The job is requeued by the hand-back; resume's summary line follows a moment later.
+    first = env.wait(lambda: summaries(env, "slurm-nebula-resume"), 30, "resume's summary")
     assert len(first) == 1 and "not placed within pending_timeout 2s although 1 free" in \
         first[0], first
     [vm] = env.sim.vms()
