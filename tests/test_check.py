@@ -299,7 +299,8 @@ class _HostsRefused(OneCloud):
 
 
 def test_an_unreadable_host_pool_is_a_warning(site) -> None:
-    from slurm_nebula_power.checks import WARNING, run_checks
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import WARNING
 
     report = run_checks(None, site.env, lambda config: _HostsRefused(config.opennebula, retry_seconds=0))
     [found] = [f for f in report.findings if f.subject == "OpenNebula host pool"]
