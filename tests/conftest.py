@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 import onedfix
+import pytest
 from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
 from support import make_setup
@@ -145,7 +145,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append((f"log {cluster.base}/{title}", text))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _skip_slurm_tests_without_binaries(items: list[pytest.Item]) -> None:
     """Skip `slurm`-marked tests with an install hint when the binaries are missing."""
     try:
         find_binaries()
@@ -160,6 +160,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop clusters a test forgot to stop (module fixtures that crashed before teardown)."""
     for cluster in list(SlurmCluster.live):
         cluster.stop()
+    onedfix.stop_shared()
 
 
 # ---- the simulator (most program tests) -------------------------------------------------------------
@@ -184,17 +185,19 @@ def setup(tmp_path, sim):
 @pytest.fixture(scope="session", params=onedfix.VERSIONS, ids=[f"oned-{v}" for v in onedfix.VERSIONS])
 def oned(request):
     """A real oned of each release (4 dummy hosts of 1 GPU, network slurm-net on 127.0.2.0/24, the worker
-    templates, OneGate), one per test session; SKIPPED with the reason when it cannot be started."""
+    templates, OneGate), one per test session and release (onedfix.shared: the contract suite's backends use
+    the same instances); SKIPPED with the reason when it cannot be started."""
     try:
-        instance = onedfix.start(request.param)
+        return onedfix.shared(request.param)
     except onedfix.OnedUnavailable as exc:
         pytest.skip(str(exc))
-    yield instance
-    instance.stop()
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests of one oned release run in one xdist worker (one instance per release, not one per worker)."""
+    """Tests of one oned release run in one xdist worker (one instance per release, not one per worker);
+    `slurm` tests are skipped without the binaries. (One hook: a second def of the same name replaced the
+    first, so the Slurm skip had stopped working.)"""
+    _skip_slurm_tests_without_binaries(items)
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "oned" in callspec.params:
