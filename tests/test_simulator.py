@@ -89,7 +89,7 @@ def test_vmpool_info_is_short_and_infoextended_is_full(sim: Simulator, one: pyon
     full = one.vmpool.infoextended(-2, -1, -1, -1).VM[0]
     assert full.USER_TEMPLATE["SLURM_NODE"] == "gpu-a"
     assert full.TEMPLATE["PCI"]["VENDOR"] == "10de"
-    assert full.TEMPLATE["PCI"]["ADDRESS"] == "0000:41:00.0"
+    assert full.TEMPLATE["PCI"]["ADDRESS"] == "0000:41:00:0"
 
 
 def test_vmpool_state_filter(sim: Simulator, one: pyone.OneServer) -> None:
