@@ -328,3 +328,26 @@ def test_a_kept_alive_connection_serves_calls_until_keepalive_max_conn(sim: Simu
     assert _post(conn, body)[0].status == 200, "the client reconnects"
     conn.close()
 
+
+
+def test_vn_info_lists_each_lease_until_the_vm_is_done(sim: Simulator, one: pyone.OneServer) -> None:
+    vm_id = one.template.instantiate(1, "leaser", True, "", False)
+    ip = sim.vm(vm_id).ip
+    raw = xmlrpc.client.ServerProxy(sim.endpoint).one.vn.info(sim.auth, 0, False)
+    assert raw[0] and f"<LEASE><IP><![CDATA[{ip}]]></IP>" in raw[1] and f"<VM><![CDATA[{vm_id}]]></VM>" in raw[1]
+    assert one.vn.info(0).NAME == "slurm-net"  # pyone parses it
+    one.vm.action("terminate", vm_id)
+    after = xmlrpc.client.ServerProxy(sim.endpoint).one.vn.info(sim.auth, 0, False)[1]
+    assert f"<LEASE><IP><![CDATA[{ip}]]>" not in after
+
+
+def test_template_allocate_instantiate_and_delete(sim: Simulator, one: pyone.OneServer) -> None:
+    tid = one.template.allocate('NAME = "made"\nCPU = "1"\nMEMORY = "64"')
+    assert one.template.info(tid).NAME == "made"
+    vm_id = one.template.instantiate(tid, "", False, "", False)
+    assert sim.vm(vm_id).name == f"made-{vm_id}"
+    with pytest.raises(pyone.OneException, match="NAME is already taken"):
+        one.template.allocate('NAME = "made"')
+    assert one.template.delete(tid, False) == tid
+    with pytest.raises(pyone.OneNoExistsException):
+        one.template.info(tid)
