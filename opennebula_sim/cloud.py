@@ -74,13 +74,18 @@ def ctime(now: float) -> str:
     return time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(now))
 
 
+def version_at_least(version: str, major: int, minor: int) -> bool:
+    """Whether the configured oned version (`7.4.0`) is at least major.minor."""
+    parts = tuple(int(p) if p.isdigit() else 0 for p in [*version.split("."), "0", "0"][:2])
+    return parts >= (major, minor)
+
+
 def sched_text(version: str, shortages: dict[int, str]) -> str:
     """SCHED_MESSAGE's text (after the time) for a VM no host could take: host id -> CPU, MEMORY or PCI.
 
     7.0 (Scheduler.cc) names every host tried, whatever was short; 7.4 names each shortage with its hosts.
     """
-    parts = tuple(int(p) if p.isdigit() else 0 for p in [*version.split("."), "0", "0"][:2])
-    if parts >= (7, 4):
+    if version_at_least(version, 7, 4):
         return "".join(prefix + ",".join(str(h) for h, kind in sorted(shortages.items()) if kind == short)
                        for short, prefix in _SHORTAGE_7_4.items() if short in shortages.values())
     return "Cannot allocate VM. Not enough capacity in hosts " + ",".join(str(h) for h in sorted(shortages))
@@ -123,7 +128,7 @@ class Cloud:
         vm_name = name or f"{spec.name}-{vm_id}"
         try:
             built = build_vm_templates(base, extra, vm_id, vm_name, template_id, user.uid, user.uname,
-                                       self.ips, self.onegate_endpoint)
+                                       self.ips, self.onegate_endpoint, routes=version_at_least(self.cfg.version, 7, 4))
         except BuildError as exc:
             raise OneError(S.ALLOCATE, str(exc), obj="virtual machine") from None
         self.next_id += 1
