@@ -95,7 +95,7 @@ def _nic(nic: dict[str, str], index: int, vm_id: int, ip: str, ips: IpPool) -> d
 def _context(context: dict[str, str], nics: list[Value], ips: IpPool, vm_tmpl: Template, user_tmpl: Template,
              names: dict[str, str], routes: bool) -> dict[str, str]:
     out = {key: _substitute(value, vm_tmpl, user_tmpl, names) for key, value in context.items()}
-    out.setdefault("DISK_ID", "1")
+    out.setdefault("DISK_ID", str(len(vectors(vm_tmpl, "DISK"))))  # the context CD comes after the disks
     out.setdefault("TARGET", "hda")
     if out.get("NETWORK", "").upper() == "YES":
         net = ips.network

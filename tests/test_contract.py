@@ -338,6 +338,7 @@ def test_context_the_product_sends_is_kept_and_oned_adds_network_token_and_vmid(
     sent = {"NETWORK": "YES", "TOKEN": "YES", "REPORT_READY": "YES", "SET_HOSTNAME": "gpu01",
             "SLURM_NODENAME": "gpu01", "SLURM_CLUSTER": "c1"}
     assert {k: context.get(k) for k in sent} == sent
+    assert (context["DISK_ID"], context["TARGET"]) == ("0", "hda")  # the context CD, after the template's 0 disks
     nic = vm.TEMPLATE["NIC"]
     assert (context["ETH0_IP"], context["ETH0_MAC"]) == (nic["IP"], nic["MAC"])
     assert context["ONEGATE_ENDPOINT"] == backend.onegate and context["VMID"] == str(vm_id)
