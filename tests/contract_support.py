@@ -72,6 +72,7 @@ class Backend:
     _mark: int = -1
     _users: list[int] = field(default_factory=list)
     _undo: list[Callable[[], object]] = field(default_factory=list)
+    _quota_user: tuple[int, str] | None = None
 
     @property
     def one(self) -> pyone.OneServer:
@@ -232,13 +233,20 @@ class Backend:
             assert ok, msg
         return int(uid), f"{name}:{password}"
 
-    def quota_session(self) -> str:
-        """A session whose instantiate fails on the VM quota: a user with `VM = [ VMS = "0" ]` on oned (oneadmin
-        is exempt from quotas); the simulator's quota_exceeded fault (it has one user and no quotas)."""
+    def quota_session(self, limit: str | None = 'VM = [ VMS = "0", RUNNING_VMS = "0" ]') -> str:
+        """A session over its VM quota `limit` (None: no limit yet; called again, it sets the limit of the same
+        user). On oned a second user (oneadmin is exempt from quotas); in the simulator its quota_exceeded
+        fault (it has one user and no quotas)."""
         if self.sim is not None:
-            self.sim.set_faults(quota_exceeded=True)
+            self.sim.set_faults(quota_exceeded=limit is not None)
             return self.auth
-        return self.other_user("contract-quota", 'VM = [ VMS = "0", RUNNING_VMS = "0" ]')[1]
+        if self._quota_user is None:
+            self._quota_user = self.other_user("contract-quota")
+        uid, session = self._quota_user
+        if limit is not None:
+            ok, msg, *_ = self.raw("one.user.quota", uid, limit)
+            assert ok, msg
+        return session
 
     def image(self, name: str) -> None:
         """A READY image `name` in the dummy image datastore (1); the simulator has no images (DISK is kept as
@@ -304,6 +312,7 @@ class Backend:
         for uid in self._users:
             self.raw("one.user.delete", uid)
         self._users.clear()
+        self._quota_user = None
 
 
 def sim_backend(sim: Simulator) -> Backend:

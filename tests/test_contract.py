@@ -11,6 +11,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
+import pyone
 import pytest
 from contract_support import GPUS, SIM_CONFIG, Backend, oned_backend, sim_backend, state_str
 from onedfix import VERSIONS, OnedUnavailable, shared
@@ -471,6 +472,21 @@ def test_instantiate_over_the_vm_quota_is_authorization_512(backend: Backend) ->
                          session=session)
     print(f"{backend.name}: over quota -> {answer[:3]}")
     assert answer[0] is False and answer[2] == 0x200 and QUOTA.fullmatch(answer[1]), answer
+
+
+def test_resume_over_the_running_vms_quota_is_action_2048(backend: Backend) -> None:
+    session = backend.quota_session(limit=None)  # no limit yet
+    one = backend.one if backend.is_sim else pyone.OneServer(backend.endpoint, session=session)
+    vm_id = int(one.template.instantiate(backend.cpu_template, "resumer", False, "", False))
+    backend.wait(vm_id, "RUNNING")
+    backend.action("poweroff", vm_id)
+    backend.wait(vm_id, "POWEROFF")
+    backend.quota_session(limit='VM = [ RUNNING_VMS = "0" ]')  # now over it
+    answer = backend.raw("one.vm.action", "resume", vm_id, session=session)
+    print(f"{backend.name}: resume over quota -> {answer[:3]}")
+    assert answer[0] is False and answer[2] == REFUSED, answer
+    assert re.fullmatch(r"\[one\.vm\.action\] user \[\d+\] limit of \d+ reached for RUNNING_VMS quota in VM", answer[1])
+    assert state_str(backend.vm(vm_id)) == "POWEROFF"
 
 
 # ---- the product's own template ------------------------------------------------------------------------
