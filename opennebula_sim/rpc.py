@@ -100,11 +100,12 @@ class Api:
                 raise OneError(S.AUTHORIZATION, "", obj=_object_of(method))
             return [True, handler(user, *params[1:]), 0]
         except OneError as err:
-            return [False, failure_text(method, err, user.uid if user else -1), err.code, err.resp_id]
+            # Request::failure_response: the 5th is the replication index (an i8 in oned, -1 off a HA cluster)
+            return [False, failure_text(method, err, user.uid if user else -1), err.code, err.resp_id, -1]
 
     def internal_error(self, method: str) -> list[Any]:
         """The reply of a call that failed inside oned (used for injected transient faults)."""
-        return [False, f"[{method}] Internal error", S.INTERNAL, -1]
+        return [False, f"[{method}] Internal error", S.INTERNAL, -1, -1]
 
     def stats(self) -> dict[str, Any]:
         """sim.stats: calls per method and VMs per state."""
