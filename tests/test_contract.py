@@ -184,6 +184,25 @@ def test_actions_refused_in_a_state(backend: Backend, state: str) -> None:
     assert state_str(backend.vm(vm_id)) == state  # nothing moved
 
 
+def test_a_booting_vm_refuses_terminate_and_recover_delete_drops_it(backend: Backend) -> None:
+    # What the product's remove_vm and suspend rely on: terminate is refused in a transient state, and
+    # recover --delete frees the VM and its GPU there.
+    with backend.slow(4.0, "deploy"):
+        vm_id = backend.instantiate(name="booting")
+        backend.wait(vm_id, "BOOT")
+        answers = {action: backend.action(action, vm_id) for action in ("terminate", "terminate-hard")}
+        print(f"{backend.name}: terminate in BOOT -> {answers}")
+        for action, answer in answers.items():
+            assert answer == [False, f"[one.vm.action] Error performing action \"{action}\": Could not "
+                                     f"terminate VM {vm_id}, wrong state BOOT.", REFUSED, -1, -1], answer
+        assert refused(backend.action("poweroff", vm_id), "poweroff", "BOOT")
+        assert backend.raw("one.vm.recover", vm_id, 3)[:2] == [True, vm_id]
+        vm, seen = backend.wait(vm_id, "DONE")
+    print(f"{backend.name}: recover --delete in BOOT passes {seen}")
+    assert (vm.STATE, vm.LCM_STATE) == (6, 0)
+    backend.wait_gpus_free()
+
+
 def test_terminate_of_a_done_vm(backend: Backend) -> None:
     vm_id = backend.running(template=backend.cpu_template, name="twice")
     backend.action("terminate-hard", vm_id)
@@ -433,8 +452,8 @@ def test_bad_session_is_authentication_256(backend: Backend) -> None:
 def test_missing_template_and_vm_are_no_exists_1024(backend: Backend) -> None:
     assert backend.raw("one.template.instantiate", 99999, "", False, "", False)[:3] == [
         False, "[one.template.instantiate] Error getting virtual machine template [99999].", 0x400]
-    assert backend.raw("one.vm.info", 99999)[:3] == [
-        False, "[one.vm.info] Error getting virtual machine [99999].", 0x400]
+    assert backend.raw("one.vm.info", 99999) == [  # all 5: the object's id, then the replication index
+        False, "[one.vm.info] Error getting virtual machine [99999].", 0x400, 99999, -1]
     assert backend.raw("one.vm.action", "terminate", 99999)[:3] == [
         False, "[one.vm.action] Error getting virtual machine [99999].", 0x400]
 
