@@ -146,9 +146,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append((f"log {cluster.base}/{title}", text))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `slurm`-marked tests with an install hint when the binaries are missing; keep the tests of one
-    oned release on one xdist worker (one instance per release, not one per worker)."""
+def _skip_slurm_tests_without_binaries(items: list[pytest.Item]) -> None:
+    """Skip `slurm`-marked tests with an install hint when the binaries are missing."""
     try:
         find_binaries()
     except SlurmUnavailable as exc:
@@ -166,9 +165,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop clusters a test forgot to stop (module fixtures that crashed before teardown), and the oneds."""
     for cluster in list(SlurmCluster.live):
         cluster.stop()
-    for instance in _ONEDS.values():
-        if isinstance(instance, onedfix.RealOned):
-            instance.stop()
+    onedfix.stop_shared()
 
 
 # ---- the simulator (most program tests) -------------------------------------------------------------
@@ -190,30 +187,32 @@ def setup(tmp_path, sim):
 # ---- a real OpenNebula (tests/oned, tests/onedfix.py) ------------------------------------------------
 
 
-_ONEDS: dict[str, onedfix.RealOned | str] = {}  # release -> its running instance, or why it cannot run
-
-
 @pytest.fixture(scope="session", params=onedfix.VERSIONS, ids=[f"oned-{v}" for v in onedfix.VERSIONS])
 def oned(request):
     """A real oned of each release (4 dummy hosts of 1 GPU, network slurm-net on 127.0.2.0/24, the worker
-    templates, OneGate), started once per test session (kept while tests of the other release run, stopped
-    at the end); SKIPPED with the reason and how to provide it when the source or its build is missing. A
-    start that fails with both present is tried once more, then the test errors: that is a real failure."""
-    version = request.param
-    if version not in _ONEDS:
+    templates, OneGate), one per test session and release (onedfix.shared: the contract suite's backends use
+    the same instances, kept across the other release's tests, stopped at the end); SKIPPED with the reason and
+    how to provide it when the source or its build is missing. A start that fails with both present is tried
+    once more, then the test errors: that is a real failure."""
+    try:
+        return onedfix.shared(request.param)
+    except onedfix.OnedUnavailable as exc:
+        pytest.skip(str(exc))
+    except onedfix.OnedFailed:
         try:
-            _ONEDS[version] = onedfix.start(version)
-        except onedfix.OnedUnavailable as exc:
-            _ONEDS[version] = str(exc)
-        except onedfix.OnedFailed:
-            try:
-                _ONEDS[version] = onedfix.start(version)
-            except onedfix.OnedFailed as exc:
-                pytest.fail(str(exc))
-    found = _ONEDS[version]
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
+            return onedfix.shared(request.param)
+        except onedfix.OnedFailed as exc:
+            pytest.fail(str(exc))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests of one oned release run in one xdist worker (one instance per release, not one per worker);
+    `slurm` tests are skipped without the binaries."""
+    _skip_slurm_tests_without_binaries(items)
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "oned" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"oned-{callspec.params['oned']}"))
 
 
 @pytest.fixture

@@ -74,3 +74,28 @@ def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1"
         raise OnedFailed(f"oned {version} failed to start ({done.returncode}): {tail} (log: {root / 'one' / 'var'})")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     return RealOned(version, root / "one", values["ENDPOINT"], values["AUTH"], values["ONEGATE"])
+
+
+_shared: dict[str, RealOned | OnedUnavailable] = {}
+
+
+def shared(version: str) -> RealOned:
+    """The process's one instance of `version`, started on first use (a failure to start is remembered, so it
+    is not retried for every test); stop_shared() stops them all at the end of the session."""
+    if version not in _shared:
+        try:
+            _shared[version] = start(version)
+        except OnedUnavailable as exc:
+            _shared[version] = exc
+    found = _shared[version]
+    if isinstance(found, OnedUnavailable):
+        raise found
+    return found
+
+
+def stop_shared() -> None:
+    """Stop every instance shared() started."""
+    while _shared:
+        _, found = _shared.popitem()
+        if isinstance(found, RealOned):
+            found.stop()
