@@ -3,7 +3,7 @@
 # Debian root made by make-root.sh:
 #   bash tests/releases/run-in-root.sh trixie|sid [pytest args...]     e.g.  ... trixie -x -q -n 2
 #   RUN_IN_ROOT_REF=HEAD bash tests/releases/run-in-root.sh ...          (a commit instead of the work tree)
-#   RUN_IN_ROOT_PATCHES="tests/releases/proposed/*.patch" ...            (patches applied to the copy only)
+#   RUN_IN_ROOT_PATCHES="fix.patch" ...                                 (patches applied to the copy only)
 # Steps: make the root if needed; copy this working tree (without .venv, .git, caches) to ROOT/src; create
 # or reuse ROOT/venvs/<hash of pyproject.toml> (pip install -e '.[test]'); then, in a private mount namespace,
 # mount /proc, /dev (bind, plus /dev/pts and /dev/shm) and /sys (--rbind: slurmd 24.11+ needs the cgroup
@@ -173,7 +173,7 @@ else
     tar -C "$root/src" -xf -
 fi
 # RUN_IN_ROOT_PATCHES="x.patch y.patch" (diff -u a/ b/, -p1) are applied to the copy, never to the work
-# tree: a way to try a proposed fix against another release (tests/releases/proposed/).
+# tree: a way to try a fix against another release before it lands.
 for p in ${RUN_IN_ROOT_PATCHES:-}; do
   say "applying $p to the copy"
   patch -d "$root/src" -p1 --forward --batch --quiet <"$p" >&2 || { say "patch $p does not apply"; exit "$EX_SOFTWARE"; }
