@@ -204,6 +204,30 @@ def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | N
     if (version is None or version < (23, 2)) and "cloud" not in private:
         report.problem("slurm.conf PrivateData", "lacks cloud: Slurm 22.05 hides powered-down cloud nodes, "
                        "so status and reconcile cannot see them", "add cloud to PrivateData")
+    check_release_settings(report, conf, version)
+
+
+def _options(conf: SlurmConf, key: str) -> list[str]:
+    """The comma-separated options of a slurm.conf parameter, lower case, without their values."""
+    return [o.strip().lower().partition("=")[0] for o in conf.get(key).split(",") if o.strip()]
+
+
+def check_release_settings(report: Report, conf: SlurmConf, version: tuple[int, int] | None) -> None:
+    """Power-saving settings whose meaning depends on the Slurm release (docs/SLURM-FINDINGS.md)."""
+    release = "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"
+    if "cloud_reg_addrs" in _options(conf, "SlurmctldParameters"):
+        if version is not None and version >= (23, 11):
+            report.problem("slurm.conf SlurmctldParameters", f"cloud_reg_addrs is defunct in {release} (it is "
+                           "always on from 23.11) and slurmctld complains about it", "remove cloud_reg_addrs")
+        else:
+            report.warn("slurm.conf SlurmctldParameters", "cloud_reg_addrs replaces the NodeAddr resume sets "
+                        "from OpenNebula's lease with the address slurmd registers from (another NIC's on a "
+                        "multi-NIC GPU VM)", "remove cloud_reg_addrs")
+    if version is not None and version >= (25, 5) \
+            and "requeue_on_resume_failure" not in _options(conf, "SchedulerParameters"):
+        report.warn("slurm.conf SchedulerParameters", f"lacks requeue_on_resume_failure ({release}): a job "
+                    "whose node never registers by ResumeTimeout is not sure to be requeued",
+                    "add requeue_on_resume_failure to SchedulerParameters")
 
 
 def check_prolog(report: Report, config: Config, conf: SlurmConf) -> None:

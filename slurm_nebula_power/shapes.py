@@ -167,6 +167,12 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
     if version is None or version < (23, 2):
         lines += ["# Slurm 22.05 hides powered-down cloud nodes from sinfo/scontrol (and from status and "
                   "reconcile) without this", "PrivateData=cloud"]
+    if version is not None and version >= (23, 11):
+        lines.append(f"# Slurm {version[0]}.{version[1]:02d}: when a node's slurmd registers, NodeAddr becomes "
+                     "the address it registers from (cloud_reg_addrs, always on from 23.11)")
+    if version is not None and version >= (25, 5):
+        lines += ["# a job whose node never registers by ResumeTimeout is requeued, not ended (25.05+; merge "
+                  "with your SchedulerParameters)", "SchedulerParameters=requeue_on_resume_failure"]
     if any(shape.gpus for _, shape in shapes):
         lines.append("GresTypes=gpu")
     partitions: dict[str, list[str]] = {}

@@ -307,3 +307,48 @@ def test_an_unreadable_host_pool_is_a_warning(site) -> None:
     assert found.level == WARNING and "relies on pending_timeout alone" in found.text
     assert 'oneacl create "#<uid> HOST/* USE"' in found.fix
     assert not report.problems
+
+
+# ---- settings that depend on the Slurm release --------------------------------------------------------
+
+def release_site(sim, root: Path, version: tuple[int, int]) -> Setup:
+    """A good deployment for that release: slurm.conf from slurm-conf's generator, scontrol saying so."""
+    site = good_site(sim, root)
+    config = load_config(site.config, site.env)
+    shapes = [(ns, shape) for ns, shape, _ in read_shapes(config, OneCloud(config.opennebula))]
+    conf = ["ClusterName=testcluster", "SlurmUser=root", *generate(config, shapes, version)]
+    (root / "slurm.conf").write_text("\n".join(conf) + "\n")
+    site.set_version(f"slurm {version[0]}.{version[1]:02d}.5")
+    return site
+
+
+@pytest.mark.parametrize("version", [(22, 5), (23, 11), (24, 11), (25, 5), (26, 5)])
+def test_what_slurm_conf_prints_for_each_release_passes_check(sim, tmp_path, capsys, version) -> None:
+    site = release_site(sim, tmp_path / "site", version)
+    code, found = findings(site, capsys)
+    assert code == EXIT_OK and [f for f in found if f["level"] != "ok"] == []
+
+
+@pytest.mark.parametrize(("version", "level", "expected"), [
+    ((22, 5), "warning", "cloud_reg_addrs replaces the NodeAddr resume sets from OpenNebula's lease"),
+    ((24, 11), "problem", "cloud_reg_addrs is defunct in Slurm 24.11"),
+])
+def test_cloud_reg_addrs_is_named_for_what_it_does_on_each_release(sim, tmp_path, capsys, version, level,
+                                                                   expected) -> None:
+    site = release_site(sim, tmp_path / "site", version)
+    edit(site.root / "slurm.conf", "SlurmctldParameters=idle_on_node_suspend",
+         "SlurmctldParameters=idle_on_node_suspend,cloud_reg_addrs")
+    code, found = findings(site, capsys)
+    [hit] = [f for f in found if f["subject"] == "slurm.conf SlurmctldParameters"]
+    assert hit["level"] == level and expected in hit["text"] and hit["fix"] == "remove cloud_reg_addrs"
+    assert code == (EXIT_NODES_FAILED if level == "problem" else EXIT_OK)
+
+
+def test_25_05_and_later_without_requeue_on_resume_failure_is_a_warning(sim, tmp_path, capsys) -> None:
+    site = release_site(sim, tmp_path / "site", (26, 5))
+    edit(site.root / "slurm.conf", "SchedulerParameters=requeue_on_resume_failure",
+         "SchedulerParameters=sched_interval=30")
+    code, found = findings(site, capsys)
+    [hit] = [f for f in found if f["subject"] == "slurm.conf SchedulerParameters"]
+    assert code == EXIT_OK and hit["level"] == "warning"
+    assert hit["fix"] == "add requeue_on_resume_failure to SchedulerParameters"

@@ -127,7 +127,16 @@ def test_newer_slurm_gets_no_private_data(sim, setup, capsys) -> None:
     setup.set_version("slurm 24.05.1")
     lines = generated(capsys, setup.env)
     assert "SlurmctldParameters=idle_on_node_suspend" in lines
-    assert not [line for line in lines if line.startswith("PrivateData")]
+    assert not [line for line in lines if line.startswith(("PrivateData", "SchedulerParameters"))]
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("slurm 22.05.8", []), ("slurm 24.11.5", []), ("slurm 25.05.0", ["requeue_on_resume_failure"]),
+    ("slurm 26.05.5", ["requeue_on_resume_failure"])])
+def test_requeue_on_resume_failure_from_25_05(sim, setup, capsys, version: str, expected: list[str]) -> None:
+    setup.set_version(version)
+    lines = generated(capsys, setup.env)
+    assert [line.split("=", 1)[1] for line in lines if line.startswith("SchedulerParameters")] == expected
 
 
 def test_node_set_options_name_gpu_type_features_and_partition(sim, tmp_path, capsys) -> None:
@@ -166,13 +175,15 @@ def test_help_exits_0(capsys) -> None:
 # Keys our output sets: the harness's own lines for them are dropped before ours are appended.
 OURS = ("resumeprogram", "suspendprogram", "resumefailprogram", "prologslurmctld", "resumetimeout",
         "suspendtimeout", "suspendtime", "resumerate", "suspendrate", "slurmctldparameters", "privatedata",
-        "grestypes", "nodename", "partitionname")
+        "schedulerparameters", "grestypes", "nodename", "partitionname")
 
 
 @pytest.mark.slurm
 def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_factory) -> None:
-    lines = generated(capsys, setup.env)
     cluster = slurm_factory(nodes=["spare1"])
+    major, minor = cluster.version
+    setup.set_version(f"slurm {major}.{minor:02d}")  # the lines for the release under test
+    lines = generated(capsys, setup.env)
     kept = [line for line in cluster.conf.read_text().splitlines()
             if line.partition("=")[0].strip().lower() not in OURS]
     cluster.conf.write_text("\n".join(kept + lines) + "\n")
@@ -184,6 +195,10 @@ def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_fa
     config = cluster.scontrol("show", "config")
     resume = [line for line in config.splitlines() if line.startswith("ResumeProgram ")]
     assert resume and resume[0].split("=", 1)[1].strip().endswith("/slurm-nebula-resume")
+    expected = [line.split("=", 1)[1] for line in lines if line.startswith("SchedulerParameters")]
+    scheduler = [line.split("=", 1)[1].strip() for line in config.splitlines()
+                 if line.startswith("SchedulerParameters ")]
+    assert scheduler == (expected or ["(null)"]), scheduler
     errors = [line for line in cluster.log_tail("slurmctld.log", 400).lower().splitlines() if "error" in line]
     # Harmless on this machine: pmix missing, fresh state files, no Default=YES partition (a site has one).
     words = ("power", "program", "gres", "node", "invalid")
