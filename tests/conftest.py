@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import findings
 import onedfix
 import pytest
 from e2e_support import E2E, start_e2e
@@ -129,9 +130,25 @@ def slurm_factory(
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Let log sections of module-scoped clusters start at this test."""
+    """Let log sections of module-scoped clusters start at this test; findings go to its report."""
+    findings.running(item)
     for cluster in list(SlurmCluster.live):
         cluster.mark_logs()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """List the Slurm behaviour the real-controller tests measured (tests/findings.py)."""
+    reports = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])]
+    try:
+        release = subprocess.run([find_binaries()["slurmctld"], "-V"], capture_output=True, text=True,
+                                 timeout=10, check=False).stdout.strip() or "slurm ?"
+    except (SlurmUnavailable, OSError, subprocess.SubprocessError):
+        release = "no slurm"
+    found = findings.lines(reports, release)
+    if found:
+        terminalreporter.section("Slurm findings (release | what | measured | test)")
+        for line in found:
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(hookwrapper=True)

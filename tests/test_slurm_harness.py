@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
+from findings import finding
 from slurmharness import SlurmCluster, parse_oneliner, recording_program, wait_for
+
+from slurm_nebula_power.slurm import jobs_from_resume_file
 
 
 def test_session_runs_in_a_network_namespace_with_only_loopback(netns) -> None:
@@ -44,6 +49,14 @@ def test_job_boots_cloud_nodes_through_resume_program_and_completes(slurm_factor
     cluster.wait_job(job, ["COMPLETED"], timeout=40)
     calls = [r for r in cluster.read_jsonl(record) if r["event"] == "call"]
     assert [c["argv"] for c in calls] == [["cloud[1-2]"]]
+    # The resume file of this release, as our resume reads it: the job's id for both nodes.
+    content = calls[0]["resume_file"]
+    (tmp_path / "resume-file.json").write_text(content)
+    assert jobs_from_resume_file({"SLURM_RESUME_FILE": str(tmp_path / "resume-file.json")}) == {
+        "cloud1": [job], "cloud2": [job]}
+    data = json.loads(content)
+    finding("SLURM_RESUME_FILE keys (top level; per job)",
+            f"{sorted(data)}; {sorted(data['jobs'][0])}")
     assert sorted(cluster.job_output(job).split()) == ["cloud1", "cloud2"]
     [update] = [r for r in cluster.read_jsonl(record) if r["event"] == "scontrol"]
     assert update["rc"] == 0 and "NodeAddr=127.0.1.1,127.0.1.2" in update["args"]
@@ -79,8 +92,17 @@ def test_power_down_force_with_reason_hands_a_node_back_at_once(slurm_factory, t
     job = cluster.sbatch(nodes=1)
     # Requeued now, not at ResumeTimeout; the reason stays visible; SuspendProgram runs for the node.
     cluster.wait_for(lambda: cluster.job_info(job).get("Restarts") == "1", 15, "job requeued")
-    assert cluster.node_info("cloud1")["Reason"].startswith("test: no GPU [")
-    cluster.wait_for(lambda: cluster.read_jsonl(tmp_path / "suspend.jsonl"), 10, "SuspendProgram called")
+    requeued = time.time()
+    [hand_back] = [r for r in cluster.read_jsonl(tmp_path / "resume.jsonl") if r["event"] == "scontrol"]
+    info = cluster.node_info("cloud1")
+    assert info["Reason"].startswith("test: no GPU [")
+    [called] = cluster.wait_for(lambda: cluster.read_jsonl(tmp_path / "suspend.jsonl"), 10,
+                                "SuspendProgram called")
+    finding("hand-back State=POWER_DOWN_FORCE: job requeued, node state then",
+            f"{requeued - hand_back['t']:.1f} s after the command (polled every 0.2 s); {info['State']}")
+    finding("hand-back: SuspendProgram called for the node", f"{called['t'] - hand_back['t']:.1f} s after")
     # After SuspendTimeout the node is resumed again for the requeued job, which then completes.
     cluster.wait_job(job, ["COMPLETED"], timeout=40)
+    finding("hand-back: the requeued job completed (SuspendTimeout 10, cred_expire 10)",
+            f"{time.time() - hand_back['t']:.1f} s after the hand-back")
     assert "Reason" not in cluster.node_info("cloud1")  # cleared when the node registered
