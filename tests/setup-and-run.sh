@@ -3,7 +3,10 @@
 #   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
 #   private network namespace), curl (the worker bootstrap reports READY with it).
 #   Python: this package with its test extra, in ./.venv.
-# Extra arguments go to pytest, e.g.  bash tests/setup-and-run.sh -k resume
+#   OpenNebula 7.0.2 and 7.4.0 built from source, and Debian roots with Slurm 24.11 and 26.05
+#   (debootstrap), each made once per machine and cached under /var/cache/slurm-nebula-power.
+# Extra arguments go to pytest (on the host and in the roots), e.g.  bash tests/setup-and-run.sh -k resume
+# SLURM_RELEASES="22.05 24.11 26.05" (the default) chooses the Slurm releases of the real-controller tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +42,61 @@ if [ -n "${ONE_SOURCE:-}" ] || ls ../shared/opennebula/opennebula-*.tar.gz >/dev
 else
   echo "no OpenNebula source (ONE_SOURCE unset, no ../shared/opennebula): the real-oned tests will be SKIPPED" >&2
 fi
+# The real-controller tests (-m slurm) on three Slurm releases: the host's own (Debian 12: 22.05), and
+# Debian 13's 24.11 and unstable's 26.05, each in a debootstrap root made once per machine and reused
+# (tests/releases/README.md). The roots' runs go on in the background while the host's run goes on, each
+# in its own mount and network namespaces; their output goes to a log, summarised at the end.
+#   SLURM_RELEASES="22.05 24.11 26.05" (the default): which releases; e.g. SLURM_RELEASES=24.11 runs only
+#   the slurm tests of 24.11 (plus every test that needs no Slurm, on the host).
+# 24.11 must run: a root that cannot be made fails the run. 26.05 (sid, which can be briefly
+# uninstallable) is then reported SKIPPED with the reason instead.
+releases=" ${SLURM_RELEASES:-22.05 24.11 26.05} "
+releases=${releases//,/ }
+logs=$(mktemp -d /tmp/snp-releases.XXXXXX)
+declare -A suite_of=([24.11]=trixie [26.05]=sid) pid_of=()
+for release in 24.11 26.05; do
+  [[ $releases == *" $release "* ]] || continue
+  suite=${suite_of[$release]}
+  echo "Slurm $release: the slurm tests run in a $suite root in the background; log: $logs/$suite.log" >&2
+  bash tests/releases/run-in-root.sh "$suite" -n 2 "$@" >"$logs/$suite.log" 2>&1 &
+  pid_of[$release]=$!
+done
+# An interrupted run stops the roots' runs too (run-in-root.sh passes a TERM on to its pytest).
+trap 'for p in "${pid_of[@]}"; do kill -TERM "$p" 2>/dev/null; done' INT TERM
+host_args=(-n 2 --dist loadgroup)
+[[ $releases == *" 22.05 "* ]] || host_args+=(-m "not slurm")
 # Two workers: most of the time goes to waiting on real slurmctld/slurmd and oned, which overlaps well. The
 # tests of one oned release stay on one worker (loadgroup), so each release starts once.
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+set +e
+.venv/bin/python -m pytest "${host_args[@]}" "$@"
+rc=$?
+summary=("host ($(slurmctld -V 2>/dev/null || echo 'no slurmctld')): pytest exit $rc")
+for release in 24.11 26.05; do
+  [ -n "${pid_of[$release]:-}" ] || continue
+  suite=${suite_of[$release]}
+  wait "${pid_of[$release]}"
+  r=$?
+  echo "======== Slurm $release ($suite root): $logs/$suite.log ========"
+  if [ "$r" -eq 0 ] || [ "$r" -eq 5 ]; then
+    # Its findings and its pytest summary line (the log keeps everything).
+    sed -n -e '/Slurm findings (release/,$p' "$logs/$suite.log" | grep -v '^run-in-root: ' ||
+      tail -n 1 "$logs/$suite.log"
+    grep -E '^run-in-root: .*(pytest -m slurm|pytest exit)' "$logs/$suite.log"
+    summary+=("$release ($suite root): pytest exit $r")
+  elif [ "$r" -eq 75 ]; then
+    reason=$(grep -E 'SKIPPED: ' "$logs/$suite.log" | tail -n1 | sed -E 's/.*SKIPPED: //')
+    echo "SKIPPED: Slurm $release: its $suite root cannot be made here: $reason"
+    summary+=("$release ($suite root): SKIPPED: $reason")
+    if [ "$release" = 24.11 ]; then
+      echo "Slurm 24.11 must run; set SLURM_RELEASES to leave it out" >&2
+      [ "$rc" -ne 0 ] || rc=1
+    fi
+  else
+    tail -n 150 "$logs/$suite.log"
+    summary+=("$release ($suite root): FAILED, exit $r")
+    [ "$rc" -ne 0 ] || rc=$r
+  fi
+done
+echo "======== Slurm releases ========"
+printf '  %s\n' "${summary[@]}"
+exit "$rc"
