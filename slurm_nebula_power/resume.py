@@ -19,6 +19,7 @@ from .operation import (
     REASON_LENGTH,
     Context,
     Outcome,
+    Patience,
     Removals,
     cloud_reason,
     hand_back,
@@ -87,7 +88,7 @@ class _Resume:
         self.ctx = ctx
         self.jobs = jobs
         self.outcome = outcome
-        self.removals = Removals(ctx.cloud, ctx.recorder)
+        self.removals = Removals(ctx.cloud, Patience.of(ctx), ctx.recorder)
         self.templates: dict[int, tuple[int, dict[str, Any]]] = {}  # id(nodeset) -> (template id, CONTEXT)
         self.gate = Gate(ctx, jobs)
         self.boots: dict[str, Boot] = {}
@@ -189,7 +190,7 @@ class _Resume:
             log.warning("node=%s vm=%d is %s: recreating it", boot.node, old.id, old.state_name)
             self.removals.claim(old.id)
             try:
-                action = timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
+                action = timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old, self.removals.patience))
             except CloudError:
                 self.removals.release(old.id)  # still ours to remove: the sweep or reconcile will
                 raise
