@@ -51,6 +51,11 @@ class CloudAuthError(CloudError):
     """Authentication or authorization failed: never retried."""
 
 
+class QuotaExceeded(CloudError):
+    """oned refused for a quota of the user or group (instantiate: AUTHORIZATION, resume: ACTION): like a
+    shortage, not an authentication failure; never retried at once."""
+
+
 class VmNotFound(CloudError):
     """The VM or template does not exist."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from .backoff import Backoff
 from .config import NodeSet
-from .errors import CloudError, SlurmError, first_line
+from .errors import CloudError, QuotaExceeded, SlurmError, first_line
 from .gate import Gate
 from .hostlists import fold
 from .model import PENDING, Vm, ours_by_node, printable, valid_ip
@@ -249,6 +249,8 @@ class _Resume:
                 boot.future = None
                 try:
                     boot.vm_id = future.result()
+                except QuotaExceeded as exc:  # a refusal like a shortage, not a failure of oned
+                    failures[self.gate.quota(boot.nodeset, exc)[:REASON_LENGTH]].append(boot)
                 except CloudError as exc:
                     failures[cloud_reason(exc)].append(boot)
             elif future is not None and now >= boot.deadline + self.ctx.config.opennebula.timeout:

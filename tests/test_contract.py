@@ -21,8 +21,9 @@ from support import make_setup
 
 from opennebula_sim import running_simulator
 from slurm_nebula_power.cli import template as template_cmd
-from slurm_nebula_power.errors import EXIT_OK
+from slurm_nebula_power.errors import EXIT_OK, QuotaExceeded
 from slurm_nebula_power.model import vms_from_xml
+from slurm_nebula_power.onerpc import translate
 from slurm_nebula_power.plan import extra_template
 
 BACKENDS = [pytest.param("sim", id="sim"),
@@ -535,6 +536,7 @@ def test_instantiate_over_the_vm_quota_is_authorization_512(backend: Backend) ->
                          session=session)
     print(f"{backend.name}: over quota -> {answer[:3]}")
     assert answer[0] is False and answer[2] == 0x200 and QUOTA.fullmatch(answer[1]), answer
+    assert isinstance(translate(answer[1], answer[2]), QuotaExceeded)  # the product's class: not an auth failure
 
 
 def test_resume_over_the_running_vms_quota_is_action_2048(backend: Backend) -> None:
@@ -549,6 +551,7 @@ def test_resume_over_the_running_vms_quota_is_action_2048(backend: Backend) -> N
     print(f"{backend.name}: resume over quota -> {answer[:3]}")
     assert answer[0] is False and answer[2] == REFUSED, answer
     assert re.fullmatch(r"\[one\.vm\.action\] user \[\d+\] limit of \d+ reached for RUNNING_VMS quota in VM", answer[1])
+    assert isinstance(translate(answer[1], answer[2]), QuotaExceeded)  # not an ordinary refused action
     assert state_str(backend.vm(vm_id)) == "POWEROFF"
 
 
