@@ -14,7 +14,7 @@ from .admission import Need, admit, may_retry
 from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
 from .config import NodeSet
 from .cooldown import COUNT, PLACEMENT, QUOTA, ShortageLog
-from .errors import CloudError, QuotaExceeded, first_line
+from .errors import CloudError, QuotaExceeded
 from .hostlists import fold
 from .model import PENDING, Host, Vm
 from .operation import Context
@@ -22,7 +22,6 @@ from .plan import Plan, dragged
 
 log = logging.getLogger(__name__)
 Planned = tuple[str, NodeSet, Plan]  # a node, its node set, what resume would do for it
-_QUOTA = re.compile(r"\b(?:user|group) \[\d+\] limit of .*", re.IGNORECASE)  # Quota.cc's text after its prefix
 _CTIME = re.compile(r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} ?: ")  # oned's prefix of SCHED_MESSAGE
 
 
@@ -158,9 +157,7 @@ class Gate:
         """The reason for a node oned refused for a quota ("OpenNebula quota: user [3] limit of 4 reached for
         VMS quota in VM"); starts the node set's cooldown, which only time lifts (the quota is not in the
         host pool), so Slurm's next resume of these nodes is handed back at once, with no call to oned."""
-        text = first_line(exc)
-        found = _QUOTA.search(text)
-        reason = f"OpenNebula quota: {found.group(0) if found else text}".rstrip(".")
+        reason = f"OpenNebula quota: {exc.quota}"
         self.shortages.record(nodeset.nodes_expr, QUOTA, None, reason, [])
         return reason
 
