@@ -224,6 +224,10 @@ def _recover_active(cloud: Cloud, vm: Vm, success: bool) -> None:
 
 
 def _delete(cloud: Cloud, vm: Vm) -> None:
+    if vm.state == S.ACTIVE and vm.lcm in S.DEPLOYING:
+        # the deploy's answer now finds the VM deleted and is dropped: the plan waits for it until its
+        # ACTION_TIMEOUT and refuses every later plan ("A placement plan is already in progress.")
+        cloud.locked_stall_placement()
     if vm.state == S.ACTIVE:
         cloud.locked_set_state(vm, S.ACTIVE, S.CLEANUP_DELETE)
     elif vm.state != S.DONE:

@@ -118,6 +118,7 @@ class Cloud:
         self._sched_dirty = True  # capacity was freed: every pending VM gets another look
         self._heap: list[tuple[float, int, int, int]] = []
         self._heap_count = 0
+        self.stalled_until = 0.0  # monotonic: the scheduler places nothing before (locked_stall_placement)
 
     # ------------------------------------------------------------------ allocation
     def locked_allocate(self, template_id: int, name: str, hold: bool, extra: Template, user: User,
@@ -277,7 +278,14 @@ class Cloud:
             self.locked_set_state(vm, S.PENDING, at=at)
 
     # ------------------------------------------------------------------ scheduler
+    def locked_stall_placement(self) -> None:
+        """A VM the scheduler was deploying was deleted: nothing is placed for cfg.action_timeout seconds."""
+        if self.cfg.action_timeout > 0:
+            self.stalled_until = max(self.stalled_until, self.monotonic() + self.cfg.action_timeout)
+
     def _schedule(self, now: float) -> None:
+        if now < self.stalled_until:
+            return  # the placement plan is "already in progress"; pending VMs keep their SCHED_MESSAGE
         # VMs already pending failed to fit before and capacity only shrank since, unless something was freed:
         # then everything pending is looked at again, oldest first, as oned's scheduler orders by id.
         if self._sched_dirty:

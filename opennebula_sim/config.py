@@ -152,6 +152,9 @@ class SimConfig:
     seed: int = 0
     version: str = "6.10.0"
     tick_seconds: float = 0.01
+    # oned.conf's ACTION_TIMEOUT (stock 300): how long the scheduler places nothing after a VM it was deploying
+    # is deleted (recover --delete in LCM_INIT, PROLOG, BOOT...), as real oned 7.0.2 and 7.4.0 do; 0: never.
+    action_timeout: float = 300.0
     on_running: tuple[str, ...] = ()
     on_stopped: tuple[str, ...] = ()
 
@@ -180,6 +183,8 @@ def _validate(cfg: SimConfig, where: str) -> None:
             f"{where}: faults.transient_kinds must be a non-empty subset of {list(TRANSIENT_KINDS)}")
     if cfg.tick_seconds <= 0:
         raise ConfigError(f"{where}: tick_seconds must be > 0")
+    if cfg.action_timeout < 0:
+        raise ConfigError(f"{where}: action_timeout must be >= 0 seconds")
     if len({h.name for h in cfg.hosts}) != len(cfg.hosts):
         raise ConfigError(f"{where}: host names must be unique")
     for host in cfg.hosts:
@@ -194,8 +199,8 @@ def _validate(cfg: SimConfig, where: str) -> None:
             raise ConfigError(f"{where}: template {spec.name!r}: {exc}") from None
 
 
-_TOP_KEYS = {"seed", "version", "tick_seconds", "on_running", "on_stopped", "durations", "faults", "network",
-             "hosts", "host", "template"}
+_TOP_KEYS = {"seed", "version", "tick_seconds", "action_timeout", "on_running", "on_stopped", "durations", "faults",
+             "network", "hosts", "host", "template"}
 _HOSTS_KEYS = {"count", "gpus_per_host", "nics_per_host", "cpu", "memory_mb"}
 _HOST_KEYS = {"name", "cpu", "memory_mb", "gpus", "nics", "pci", "state"}
 _PCI_KEYS = {"short_address", "vendor", "device", "class", "vendor_name", "device_name", "class_name",
@@ -215,7 +220,7 @@ def load_sim_config(path: str | Path) -> SimConfig:
     where = str(path)
     _known(data, _TOP_KEYS, where, "")
     kwargs: dict[str, Any] = {}
-    for key in ("seed", "version", "tick_seconds"):
+    for key in ("seed", "version", "tick_seconds", "action_timeout"):
         if key in data:
             kwargs[key] = data[key]
     for key in ("on_running", "on_stopped"):

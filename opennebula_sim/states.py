@@ -45,6 +45,10 @@ FAILURE_STATES = frozenset(
      44, 46, BOOT_UNDEPLOY_FAILURE, BOOT_STOPPED_FAILURE, PROLOG_RESUME_FAILURE, PROLOG_UNDEPLOY_FAILURE, 61}
 )
 
+# A deploy the scheduler's placement plan dispatched and waits for (src/schedm/PlanManager.cc): from
+# dispatch to RUNNING. Deleting the VM now leaves the plan's action unanswered until ACTION_TIMEOUT.
+DEPLOYING = frozenset({LCM_INIT, PROLOG, BOOT, PROLOG_UNDEPLOY, BOOT_UNDEPLOY, PROLOG_RESUME, BOOT_STOPPED})
+
 # Which configured duration a transient LCM state lasts.
 PHASE_KIND = {
     PROLOG: "prolog", PROLOG_RESUME: "prolog", PROLOG_UNDEPLOY: "prolog",

@@ -122,6 +122,11 @@ class OneCloud:
         self.last_vms = vms
         return vms
 
+    def vm(self, vm_id: int) -> Vm:
+        """One VM's state now (one.vm.info); VmNotFound when oned has no such VM."""
+        vms: list[Vm] = self.call(f"vm.info {vm_id}", lambda s: vms_from_xml(str(s.call("vm.info", vm_id, False))))
+        return vms[0]
+
     def host_gpus(self) -> tuple[int, int]:
         """(GPUs, free GPUs) on every host (one one.hostpool.info)."""
         text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))

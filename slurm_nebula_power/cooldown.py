@@ -20,6 +20,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 COUNT, PLACEMENT = "count", "placement"  # found by counting the host pool / by oned not placing our VM
+QUOTA = "quota"  # oned refused for a user or group quota: no count of free GPUs lifts it, only time
 
 
 @dataclass(frozen=True)

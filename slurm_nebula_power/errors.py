@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_NODES_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_INTERNAL = 4
+_QUOTA = re.compile(r"\b(?:user|group) \[\d+\] limit of .*", re.IGNORECASE)  # after "User [3] : "
 
 
 class PowerError(Exception):
@@ -49,6 +52,18 @@ class TransientCloudError(CloudError):
 
 class CloudAuthError(CloudError):
     """Authentication or authorization failed: never retried."""
+
+
+class QuotaExceeded(CloudError):
+    """oned refused for a quota of the user or group (instantiate: AUTHORIZATION, resume: ACTION): like a
+    shortage, not an authentication failure; never retried at once."""
+
+    @property
+    def quota(self) -> str:
+        """Quota.cc's sentence without the call's prefix: "user [3] limit of 4 reached for VMS quota in VM"."""
+        text = first_line(self)
+        found = _QUOTA.search(text)
+        return (found.group(0) if found else text).rstrip(".")
 
 
 class VmNotFound(CloudError):

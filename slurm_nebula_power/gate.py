@@ -13,8 +13,8 @@ from typing import Any
 from .admission import Need, admit, may_retry
 from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
 from .config import NodeSet
-from .cooldown import COUNT, PLACEMENT, ShortageLog
-from .errors import CloudError
+from .cooldown import COUNT, PLACEMENT, QUOTA, ShortageLog
+from .errors import CloudError, QuotaExceeded
 from .hostlists import fold
 from .model import PENDING, Host, Vm
 from .operation import Context
@@ -151,6 +151,14 @@ class Gate:
             seen = "" if free is None else f" although {free} free"
             reason = f"not placed within pending_timeout {nodeset.pending_timeout:g}s{seen} (oned: {oned})"
         self.shortages.record(nodeset.nodes_expr, PLACEMENT, free, reason, [_plain(r) for r in requests])
+        return reason
+
+    def quota(self, nodeset: NodeSet, exc: QuotaExceeded) -> str:
+        """The reason for a node oned refused for a quota ("OpenNebula quota: user [3] limit of 4 reached for
+        VMS quota in VM"); starts the node set's cooldown, which only time lifts (the quota is not in the
+        host pool), so Slurm's next resume of these nodes is handed back at once, with no call to oned."""
+        reason = f"OpenNebula quota: {exc.quota}"
+        self.shortages.record(nodeset.nodes_expr, QUOTA, None, reason, [])
         return reason
 
     def drag(self, lost: Sequence[str]) -> dict[str, str]:

@@ -38,6 +38,11 @@ LCM_INIT, PROLOG, BOOT, RUNNING_LCM, UNKNOWN_LCM = 0, 1, 2, 3, 16
 # On its way to RUNNING (LCM_INIT, PROLOG, BOOT).
 STARTING_LCM = (LCM_INIT, PROLOG, BOOT)
 FAILURE_LCM = frozenset(number for number, name in LCM_NAMES.items() if name.endswith("FAILURE"))
+# A deploy the scheduler dispatched, from dispatch to RUNNING (first boot, and the way back from UNDEPLOYED
+# or STOPPED): oned's placement plan waits for its answer. Deleting the VM now (recover --delete) leaves
+# the plan's action unanswered until ACTION_TIMEOUT (300 s stock) and no later plan is taken meanwhile.
+DEPLOYING_LCM = frozenset(number for number, name in LCM_NAMES.items() if name in (
+    "LCM_INIT", "PROLOG", "BOOT", "PROLOG_UNDEPLOY", "BOOT_UNDEPLOY", "PROLOG_RESUME", "BOOT_STOPPED"))
 
 # Tags we put into every VM's USER_TEMPLATE: identity is NAME plus these.
 TAG_CLUSTER = "SLURM_CLUSTER"
@@ -148,6 +153,16 @@ class Vm:
     def starting(self) -> bool:
         """PENDING, HOLD, or ACTIVE on its way to RUNNING."""
         return self.state in (PENDING, HOLD) or (self.state == ACTIVE and self.lcm_state in STARTING_LCM)
+
+    @property
+    def transient(self) -> bool:
+        """ACTIVE in a state a driver ends by itself (BOOT, PROLOG, SHUTDOWN...): oned refuses to terminate it."""
+        return self.state == ACTIVE and self.lcm_state not in (RUNNING_LCM, UNKNOWN_LCM) and not self.failed
+
+    @property
+    def deploying(self) -> bool:
+        """Being deployed by the scheduler (DEPLOYING_LCM): recover --delete now stalls oned's placements."""
+        return self.state == ACTIVE and self.lcm_state in DEPLOYING_LCM
 
     @property
     def off(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import http.client
+import re
 import select
 import socket
 import ssl
@@ -27,11 +28,14 @@ import pyone.bindings
 import pyone.util
 
 from . import __version__
-from .errors import ActionRefused, CloudAuthError, CloudError, TransientCloudError, VmNotFound
+from .errors import ActionRefused, CloudAuthError, CloudError, QuotaExceeded, TransientCloudError, VmNotFound
 
 # oned's error codes (include/Request.h)
 AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION = 0x100, 0x200, 0x400, 0x800
 XML_RPC_API, INTERNAL, ALLOCATE, LOCKED = 0x1000, 0x2000, 0x4000, 0x8000
+# Quota::check_quota's text (src/um/Quota.cc), after "User [3] " or "Group [1] ": "limit of 0 reached for
+# VMS quota in VM"; instantiate answers it with AUTHORIZATION, one.vm.action resume with ACTION.
+QUOTA_TEXT = re.compile(r"\blimit of \S+ reached for \S+ quota in ")
 
 
 class AnswerTooLarge(Exception):
@@ -267,6 +271,8 @@ class OneRpc:
 
 def translate(message: str, code: int) -> CloudError:
     """oned's error code -> our error class."""
+    if code in (AUTHORIZATION, ACTION) and QUOTA_TEXT.search(message):
+        return QuotaExceeded(message, code)
     if code in (AUTHENTICATION, AUTHORIZATION):
         return CloudAuthError(message, code)
     if code == NO_EXISTS:

@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .backoff import Backoff
 from .config import Config
-from .errors import ActionRefused, CloudError, SlurmError, first_line
+from .errors import ActionRefused, CloudError, SlurmError, VmNotFound, first_line
 from .hostlists import fold
-from .model import ACTIVE, RUNNING_LCM, Host, Vm
+from .model import ACTIVE, DONE, RUNNING_LCM, Host, Vm
 from .plan import removal_action
 from .slurm import SlurmControl
 
@@ -32,6 +33,7 @@ class Cloud(Protocol):
     def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True) -> int: ...
     def action(self, action: str, vm_id: int) -> None: ...
     def recover_delete(self, vm_id: int) -> None: ...
+    def vm(self, vm_id: int) -> Vm: ...
     def version(self) -> str: ...
 
 
@@ -98,17 +100,65 @@ class Context:
             self.on_vm(node, vm)
 
 
-def remove_vm(cloud: Cloud, vm: Vm) -> str:
-    """Terminate a VM of ours now, whatever its state; returns the action used."""
+@dataclass(frozen=True)
+class Patience:
+    """How long a removal waits for a VM in a transient state to leave it, and how it polls meanwhile."""
+
+    seconds: float
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    poll_first: float = 0.25
+    poll_max: float = 2.0
+
+    @classmethod
+    def of(cls, ctx: Context) -> Patience:
+        """The operation's own bound: [power] suspend_timeout, the time a VM is given to go down."""
+        power = ctx.config.power
+        return cls(power.suspend_timeout, ctx.sleep, ctx.clock, ctx.poll_first, power.poll_max)
+
+
+def remove_vm(cloud: Cloud, vm: Vm, patience: Patience) -> str:
+    """Terminate a VM of ours, whatever its state; returns the action used.
+
+    oned refuses terminate(-hard) in a transient state (BOOT, PROLOG, SHUTDOWN...: DispatchManager::
+    terminate). recover --delete drops the VM there and frees its host share, GPU included, but not while
+    the scheduler is deploying it (LCM_INIT, PROLOG, BOOT...: model.DEPLOYING_LCM): the placement plan
+    then waits for the deploy's answer until ACTION_TIMEOUT (300 s stock) and oned places no VM
+    meanwhile (seen on 7.0.2 and 7.4.0). Such a VM is waited for, within `patience`, until it leaves that
+    state (a deploy ends by itself), then terminated; it is dropped only if it is still deploying then.
+    """
     action = removal_action(vm)
     try:
         cloud.action(action, vm.id)
         return action
     except ActionRefused:
-        # A VM stuck in a transitional state (BOOT, PROLOG...) refuses terminate; recover --delete
-        # is oned's way to drop it and free its host resources, GPU included.
-        cloud.recover_delete(vm.id)
-        return "recover-delete"
+        pass
+    deadline = patience.clock() + patience.seconds
+    interval = Backoff(patience.poll_first, patience.poll_max)
+    while True:
+        try:
+            vm = cloud.vm(vm.id)
+        except VmNotFound:
+            return action  # gone meanwhile
+        if vm.state == DONE:
+            return action
+        if not vm.deploying:
+            if not vm.transient:
+                action = removal_action(vm)
+                try:
+                    cloud.action(action, vm.id)
+                    return action
+                except ActionRefused:
+                    pass  # its state moved on again: look again
+            else:
+                break  # transient but not deploying: recover --delete is safe and frees the host share now
+        if patience.clock() >= deadline:
+            log.warning("vm=%d still %s after %gs: dropping it with recover --delete%s", vm.id, vm.state_name,
+                        patience.seconds, " (oned places no VM until its ACTION_TIMEOUT)" if vm.deploying else "")
+            break
+        patience.sleep(interval.next())
+    cloud.recover_delete(vm.id)
+    return "recover-delete"
 
 
 def cloud_reason(exc: BaseException) -> str:
@@ -133,8 +183,9 @@ def timed(what: str, node: str, vm_id: int | None, fn: Callable[[], Any]) -> Any
 class Removals:
     """The VMs one run is removing: each is removed once, whichever part of the run finds it first."""
 
-    def __init__(self, cloud: Cloud, recorder: Recorder | None = None) -> None:
+    def __init__(self, cloud: Cloud, patience: Patience, recorder: Recorder | None = None) -> None:
         self.cloud = cloud
+        self.patience = patience
         self.recorder = recorder or NoRecorder()
         self.ids: set[int] = set()
         self._lock = threading.Lock()
@@ -160,7 +211,7 @@ class Removals:
         """Remove one claimed VM of ours, logging the action; errors are logged, reconcile retries."""
         self.claim(vm.id)
         try:
-            action = timed("remove", node, vm.id, lambda: remove_vm(self.cloud, vm))
+            action = timed("remove", node, vm.id, lambda: remove_vm(self.cloud, vm, self.patience))
         except CloudError as exc:
             log.error("node=%s vm=%d could not be removed, reconcile will: %s", node, vm.id, exc)
             return

@@ -11,7 +11,7 @@ from typing import Any
 
 from .backoff import Backoff
 from .config import NodeSet
-from .errors import CloudError, SlurmError, first_line
+from .errors import CloudError, QuotaExceeded, SlurmError, first_line
 from .gate import Gate
 from .hostlists import fold
 from .model import PENDING, Vm, ours_by_node, printable, valid_ip
@@ -19,6 +19,7 @@ from .operation import (
     REASON_LENGTH,
     Context,
     Outcome,
+    Patience,
     Removals,
     cloud_reason,
     hand_back,
@@ -87,7 +88,7 @@ class _Resume:
         self.ctx = ctx
         self.jobs = jobs
         self.outcome = outcome
-        self.removals = Removals(ctx.cloud, ctx.recorder)
+        self.removals = Removals(ctx.cloud, Patience.of(ctx), ctx.recorder)
         self.templates: dict[int, tuple[int, dict[str, Any]]] = {}  # id(nodeset) -> (template id, CONTEXT)
         self.gate = Gate(ctx, jobs)
         self.boots: dict[str, Boot] = {}
@@ -189,7 +190,7 @@ class _Resume:
             log.warning("node=%s vm=%d is %s: recreating it", boot.node, old.id, old.state_name)
             self.removals.claim(old.id)
             try:
-                action = timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old))
+                action = timed("remove", boot.node, old.id, lambda: remove_vm(ctx.cloud, old, self.removals.patience))
             except CloudError:
                 self.removals.release(old.id)  # still ours to remove: the sweep or reconcile will
                 raise
@@ -248,6 +249,8 @@ class _Resume:
                 boot.future = None
                 try:
                     boot.vm_id = future.result()
+                except QuotaExceeded as exc:  # a refusal like a shortage, not a failure of oned
+                    failures[self.gate.quota(boot.nodeset, exc)[:REASON_LENGTH]].append(boot)
                 except CloudError as exc:
                     failures[cloud_reason(exc)].append(boot)
             elif future is not None and now >= boot.deadline + self.ctx.config.opennebula.timeout:

@@ -126,7 +126,7 @@ def _step_down(ctx: Context, task: _Down, escalate: bool, force: bool, last: boo
     before = task.issued
     action = next_down_action(task.action, vm, escalate)
     if force and last and task.action == "terminate":
-        action = "recover-delete"
+        action = "recover-delete"  # stuck past suspend_timeout: dropped, even while deploying (operation.remove_vm)
     if action is None:
         log.debug("node=%s vm=%d in %s: waiting until it can be acted on", task.node, vm.id, vm.state_name)
         return False
@@ -140,9 +140,25 @@ def _step_down(ctx: Context, task: _Down, escalate: bool, force: bool, last: boo
         task.issued = action
     except ActionRefused as exc:
         log.info("node=%s vm=%d %s refused in %s, will retry: %s", task.node, vm.id, action, vm.state_name, exc)
-        if force and task.action == "terminate":
+        if force and task.action == "terminate" and _may_drop(ctx, task):
             timed("recover-delete", task.node, vm.id, lambda: ctx.cloud.recover_delete(vm.id))
             task.issued = "recover-delete"
     except CloudError as exc:
         log.warning("node=%s vm=%d %s failed, will retry: %s", task.node, vm.id, action, exc)
     return task.issued != before
+
+
+def _may_drop(ctx: Context, task: _Down) -> bool:
+    """Whether a VM that refused terminate may be dropped with recover --delete now: not while oned's scheduler
+    is deploying it (that stalls oned's placements, see operation.remove_vm), nor when its state cannot be
+    read; it is then looked at again at the next poll, and dropped at the deadline if still stuck."""
+    try:
+        task.vm = ctx.cloud.vm(task.vm.id)
+    except CloudError as exc:
+        log.warning("node=%s vm=%d state unreadable after a refusal: %s", task.node, task.vm.id, exc)
+        return False
+    if task.vm.deploying:
+        log.info("node=%s vm=%d is %s: waiting for it to finish, then terminating it", task.node, task.vm.id,
+                 task.vm.state_name)
+        return False
+    return True

@@ -14,8 +14,9 @@ from simfixtures import AUTH
 
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import OneConfig
-from slurm_nebula_power.errors import ActionRefused, TransientCloudError
+from slurm_nebula_power.errors import ActionRefused, CloudAuthError, QuotaExceeded, TransientCloudError
 from slurm_nebula_power.model import ACTIVE, LCM_INIT, PENDING, RUNNING_LCM, Vm, vms_from_xml
+from slurm_nebula_power.onerpc import translate
 
 
 def cloud_for(endpoint: str = "http://127.0.0.1:9/RPC2", timeout: float = 5.0,
@@ -216,3 +217,21 @@ def test_one_vm_document_parses_like_a_pool_of_one() -> None:
     body = ET.tostring(ET.fromstring(POOL).find("VM"), encoding="unicode")
     assert vms_from_xml(body) == vms_from_xml(POOL)[:1]
 
+
+
+@pytest.mark.parametrize(("message", "code", "kind"), [
+    # real oned 7.0.2 / 7.4.0 (tests/test_contract.py): instantiate and resume over a user's VM quota
+    ("[one.template.instantiate] User [2] : user [2] limit of 0 reached for VMS quota in VM.", 0x200, QuotaExceeded),
+    ("[one.vm.action] user [3] limit of 0 reached for RUNNING_VMS quota in VM", 0x800, QuotaExceeded),
+    # forms from the source, not seen: a group quota (SharedAPI.cc's "Group [N] " prefix), 7.4's cluster quota
+    ("[one.template.instantiate] Group [1] : group [1] limit of 8 reached for CPU quota in VM.", 0x200,
+     QuotaExceeded),
+    ("[one.template.instantiate] User [2] : user [2] limit of 4 reached for RUNNING_VMS quota in VM with ID: 0",
+     0x200, QuotaExceeded),
+    ("[one.vm.info] User couldn't be authenticated, aborting call.", 0x100, CloudAuthError),
+    ("[one.hostpool.info] User [2] not authorized to perform action on host.", 0x200, CloudAuthError),
+    ('[one.vm.action] Error performing action "resume": This action is not available for state RUNNING', 0x800,
+     ActionRefused),
+])
+def test_quota_refusals_are_told_apart_from_auth_failures_and_refused_actions(message, code, kind) -> None:
+    assert type(translate(message, code)) is kind

@@ -8,6 +8,7 @@ GPU is free again, because the real instance is shared by the whole session.
 from __future__ import annotations
 
 import re
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
@@ -20,8 +21,9 @@ from support import make_setup
 
 from opennebula_sim import running_simulator
 from slurm_nebula_power.cli import template as template_cmd
-from slurm_nebula_power.errors import EXIT_OK
+from slurm_nebula_power.errors import EXIT_OK, QuotaExceeded
 from slurm_nebula_power.model import vms_from_xml
+from slurm_nebula_power.onerpc import translate
 from slurm_nebula_power.plan import extra_template
 
 BACKENDS = [pytest.param("sim", id="sim"),
@@ -207,6 +209,44 @@ def test_a_booting_vm_refuses_terminate_and_recover_delete_drops_it(backend: Bac
     print(f"{backend.name}: recover --delete in BOOT_POWEROFF passes {seen}")
     assert (vm.STATE, vm.LCM_STATE) == (6, 0)
     backend.wait_gpus_free()
+
+
+def test_a_first_boot_refuses_terminate_until_running_then_terminate_hard_ends_it(backend: Backend) -> None:
+    # What the product's removal of a booting VM relies on (operation.remove_vm): a first boot (BOOT) refuses
+    # terminate and terminate-hard, BOOT ends by itself when the driver's deploy answers, and terminate-hard
+    # then ends the VM, frees its GPU and leaves the scheduler placing the next VM. (recover --delete in
+    # BOOT instead stalls real oned's scheduler for ACTION_TIMEOUT, 300 s: see docs/OPENNEBULA-FIDELITY.md.)
+    with backend.slow(2.0, "deploy"):
+        vm_id = backend.instantiate(name="firstboot")
+        backend.wait(vm_id, "BOOT")
+        booted = time.monotonic()
+        answers = {action: backend.action(action, vm_id) for action in ("terminate-hard", "terminate")}
+        for action, answer in answers.items():
+            assert answer == [False, f"[one.vm.action] Error performing action \"{action}\": Could not "
+                                     f"terminate VM {vm_id}, wrong state BOOT.", REFUSED, -1, -1], answer
+        backend.wait(vm_id, "RUNNING")
+    print(f"{backend.name}: BOOT (deploy slowed to 2 s) left after {time.monotonic() - booted:.2f} s")
+    assert backend.action("terminate-hard", vm_id)[:2] == [True, vm_id]
+    stopped = time.monotonic()
+    vm, seen = backend.wait(vm_id, "DONE")
+    print(f"{backend.name}: terminate-hard of the booted VM: {seen} in {time.monotonic() - stopped:.2f} s")
+    assert (vm.STATE, vm.LCM_STATE) == (6, 0)
+    backend.wait_gpus_free()
+    placed = time.monotonic()
+    backend.running(name="next")  # the scheduler is not stalled
+    print(f"{backend.name}: the next VM RUNNING {time.monotonic() - placed:.2f} s after instantiate")
+
+
+def test_an_unslowed_first_boot_is_short(backend: Backend) -> None:
+    # A first boot with the dummy driver's own deploy (nothing slowed) passes its states by itself; the time
+    # it takes is printed for docs/OPENNEBULA-FIDELITY.md (on a real hypervisor BOOT lasts as long as deploy).
+    vm_id = backend.instantiate(name="quickboot")
+    backend.wait(vm_id, lambda vm: state_str(vm) in ("LCM_INIT", "PROLOG", "BOOT", "RUNNING"), interval=0.005)
+    started = time.monotonic()
+    _, seen = backend.wait(vm_id, "RUNNING", interval=0.005)
+    took = time.monotonic() - started
+    print(f"{backend.name}: dispatched -> RUNNING in {took:.3f} s, seen {seen}")
+    assert in_order(seen, ["LCM_INIT", "PROLOG", "BOOT", "RUNNING"]), (seen, took)
 
 
 def test_terminate_of_a_done_vm(backend: Backend) -> None:
@@ -496,6 +536,7 @@ def test_instantiate_over_the_vm_quota_is_authorization_512(backend: Backend) ->
                          session=session)
     print(f"{backend.name}: over quota -> {answer[:3]}")
     assert answer[0] is False and answer[2] == 0x200 and QUOTA.fullmatch(answer[1]), answer
+    assert isinstance(translate(answer[1], answer[2]), QuotaExceeded)  # the product's class: not an auth failure
 
 
 def test_resume_over_the_running_vms_quota_is_action_2048(backend: Backend) -> None:
@@ -510,6 +551,7 @@ def test_resume_over_the_running_vms_quota_is_action_2048(backend: Backend) -> N
     print(f"{backend.name}: resume over quota -> {answer[:3]}")
     assert answer[0] is False and answer[2] == REFUSED, answer
     assert re.fullmatch(r"\[one\.vm\.action\] user \[\d+\] limit of \d+ reached for RUNNING_VMS quota in VM", answer[1])
+    assert isinstance(translate(answer[1], answer[2]), QuotaExceeded)  # not an ordinary refused action
     assert state_str(backend.vm(vm_id)) == "POWEROFF"
 
 

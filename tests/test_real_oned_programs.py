@@ -57,14 +57,19 @@ def wait(predicate, timeout: float, what: str):
 
 
 def wipe(oned) -> None:
-    """Every VM gone (terminate-hard, else recover --delete), every GPU free."""
+    """Every VM gone (terminate-hard, retried while a transient state refuses it; never recover --delete, which
+    stalls the shared oned's scheduler for 300 s when the VM is being deployed), every GPU free."""
     one = pyone.OneServer(oned.endpoint, session=oned.auth)
-    for vm in pool(oned):
-        try:
-            one.vm.action("terminate-hard", vm.id)
-        except pyone.OneException:
-            one.vm.recover(vm.id, 3)
-    wait(lambda: not pool(oned) and not gpu_holders(oned), 60, "no VM and every GPU free")
+
+    def gone() -> bool:
+        for vm in pool(oned):
+            try:
+                one.vm.action("terminate-hard", vm.id)
+            except pyone.OneException:
+                pass  # BOOT, PROLOG...: ends by itself, tried again
+        return not pool(oned) and not gpu_holders(oned)
+
+    wait(gone, 60, "no VM and every GPU free")
 
 
 @pytest.fixture
@@ -145,6 +150,27 @@ def test_a_failed_boot_is_recreated_then_handed_back_and_nothing_is_left(oned, s
     assert handback[0] == "NodeName=gpu01"
     wait(lambda: not pool(oned), 30, "the failed VMs removed")
     assert gpu_holders(oned) == {}
+
+
+def test_a_vm_given_up_in_boot_is_terminated_once_booted_and_oned_goes_on_placing(oned, site, tmp_path) -> None:
+    # boot_timeout (10 s) passes while the VM is in BOOT: oned places it within ~3.5 s here and the dummy deploy
+    # is slowed to 14 s. resume hands the node back and removes the VM with terminate-hard once BOOT ends.
+    # recover --delete in BOOT would leave oned placing nothing for ACTION_TIMEOUT (300 s): the next VM would
+    # stay PENDING past the 60 s bound below.
+    setup = make_setup(tmp_path / "short", oned.endpoint, oned.auth, nodesets=(
+        f'[[nodeset]]\nnodes = "{GPU_NODES}"\ntemplate = "slurm-gpu-worker"\nboot_timeout = 10\n'))
+    (oned.dummy_actions / "deploy").write_text("success 14\n")
+    done = run_program(setup, "resume", "gpu01", guard=120)
+    (oned.dummy_actions / "deploy").unlink()
+    assert done.returncode == EXIT_NODES_FAILED
+    assert "not up after boot_timeout 10s (ACTIVE/BOOT)" in setup.log_text()
+    [removed] = [r for r in setup.records() if r["event"] == "removed"]
+    assert removed["action"] == "terminate-hard", removed
+    wait(lambda: not pool(oned) and not gpu_holders(oned), 30, "the VM removed and its GPU free")
+    one = pyone.OneServer(oned.endpoint, session=oned.auth)
+    [cpu] = [t.ID for t in one.templatepool.info(-2, -1, -1).VMTEMPLATE if t.NAME == "slurm-cpu-worker"]
+    vm_id = one.template.instantiate(cpu, "next", False, "", False)
+    wait(lambda: one.vm.info(vm_id).STATE == 3, 60, "the next VM placed")
 
 
 def test_resume_fail_and_reconcile_remove_what_should_not_run(oned, site) -> None:

@@ -202,3 +202,46 @@ def test_resume_after_stop_goes_through_prolog_resume_and_boot_stopped(fast: Sim
     fast.set_durations(prolog=60)
     one.vm.action("resume", vm_id)
     assert fast.wait_for(lambda: fast.vm(vm_id).state_str == "PROLOG_RESUME", 5)
+
+
+# recover --delete of a VM the scheduler is deploying: real oned's placement plan waits for the deploy's answer
+# until ACTION_TIMEOUT (300 s stock) and takes no other plan meanwhile (7.0.2 and 7.4.0, FIDELITY).
+def _stall_sim(action_timeout: float) -> SimConfig:
+    return SimConfig(hosts=FROZEN.hosts, network=FROZEN.network, durations=Durations(0, 60, 0, 0),
+                     action_timeout=action_timeout)
+
+
+def _placed(sim: Simulator, one: pyone.OneServer) -> bool:
+    """Instantiate a VM: whether the scheduler places it within a second (100 ticks)."""
+    vm_id = one.template.instantiate(1, "next", False, "", False)
+    try:
+        sim.wait_for(lambda: sim.vm(vm_id).state_str != "PENDING", 1.0)
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("action_timeout", "placed"), [(300.0, False), (0.0, True)])
+def test_recover_delete_in_a_first_boot_stalls_placement_for_the_action_timeout(action_timeout, placed) -> None:
+    with running_simulator(_stall_sim(action_timeout)) as sim:
+        one = pyone.OneServer(sim.endpoint, session=sim.auth)
+        vm_id = one.template.instantiate(1, "booting", False, "", False)
+        sim.wait_for(lambda: sim.vm(vm_id).state_str == "BOOT", 5)
+        one.vm.recover(vm_id, 3)
+        sim.wait_for(lambda: sim.vm(vm_id).state_str == "DONE", 5)
+        assert _placed(sim, one) is placed
+
+
+def test_recover_delete_in_boot_poweroff_does_not_stall_placement() -> None:
+    with running_simulator(_stall_sim(300.0)) as sim:
+        one = pyone.OneServer(sim.endpoint, session=sim.auth)
+        vm_id = one.template.instantiate(1, "back", False, "", False)
+        sim.set_durations(boot=0)
+        sim.wait_for(lambda: sim.vm(vm_id).state_str == "RUNNING", 5)
+        one.vm.action("poweroff-hard", vm_id)
+        sim.wait_for(lambda: sim.vm(vm_id).state_str == "POWEROFF", 5)
+        sim.set_durations(boot=60)
+        one.vm.action("resume", vm_id)
+        assert sim.vm(vm_id).state_str == "BOOT_POWEROFF"
+        one.vm.recover(vm_id, 3)
+        assert _placed(sim, one)
