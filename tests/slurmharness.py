@@ -1,7 +1,8 @@
 """A real Slurm 22.05+ controller with CLOUD nodes in a temporary directory, for end-to-end tests.
 
 One `SlurmCluster` owns a directory B holding munge's key and socket, slurm.conf, state, spool, pid files
-and logs. It starts munged and slurmctld, starts and stops one `slurmd -b -N <node>` per cloud node, and
+and logs. It starts munged and slurmctld, starts and stops one `slurmd -b -N <node>` per cloud node (each
+in a network namespace of its own at the node's VM address, as a VM: tests/vmnet.py), and
 stops every process it (or a power program started through its slurm.conf) left behind, by pid.
 See ../shared/reference/slurm-e2e.md for why each setting is there.
 """
@@ -23,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
+
+import vmnet
 
 T = TypeVar("T")
 
@@ -96,13 +99,6 @@ def slurm_version(binaries: Mapping[str, str] | None = None) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-# From 23.11 (cloud_reg_addrs made the default) a CLOUD node's NodeAddr and NodeHostName become, when its
-# slurmd registers, the address the registration came from and the hostname slurmd reports. A real VM
-# registers from its own address (the one resume set); here every slurmd connects over loopback, so every
-# node ends up with this address (and this machine's hostname).
-REGISTERED_FROM = "127.0.0.1"
-
-
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct TCP ports free right now on `host` (all held open together, then released)."""
     socks = []
@@ -130,6 +126,7 @@ import json, subprocess, sys, time
 RECORD = {record!r}
 SCONTROL = {scontrol!r}
 SLURMD = {slurmd!r}
+GUEST = {guest!r}  # tests/vmnet.py: runs a command in a network namespace of its own at the VM's address
 CONF = os.environ.get("SLURM_CONF", "")
 def note(**fields):
     with open(RECORD, "a") as f:
@@ -147,24 +144,26 @@ def scontrol(*args):
                        stdin=subprocess.DEVNULL)
     note(event="scontrol", args=list(args), rc=p.returncode, out=p.stdout + p.stderr)
     return p
-def boot(nodes, addrs):
-    """Tell Slurm each node's address, then start its slurmd (-b: fresh boot)."""
+def boot(nodes, addrs, guest_addrs=None):
+    """Tell Slurm each node's address, then start its slurmd (-b: fresh boot) as a VM at that address
+    (or at guest_addrs: a guest whose address is not the one Slurm was told)."""
     scontrol("update", "NodeName=" + ",".join(nodes), "NodeAddr=" + ",".join(addrs),
              "NodeHostname=" + ",".join(nodes))
-    for n in nodes:
-        subprocess.run([SLURMD, "-b", "-N", n, "-f", CONF], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
-        note(event="slurmd", node=n)
+    for n, a in zip(nodes, guest_addrs or addrs):
+        p = subprocess.run([*GUEST, a, n, "--", SLURMD, "-b", "-N", n, "-f", CONF], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+        note(event="slurmd", node=n, addr=a, rc=p.returncode, out=p.stdout + p.stderr)
 '''
 
 
 def recording_program(path: Path, record: Path, action: str = "", binaries: Mapping[str, str] | None = None,
                       ) -> Path:
     """A Python power program that appends its argv, env and SLURM_RESUME_FILE to `record` (JSON lines),
-    then runs `action`, which may use HOSTS (expanded argv[1]), scontrol(*args), boot(nodes, addrs),
-    note(**fields)."""
+    then runs `action`, which may use HOSTS (expanded argv[1]), scontrol(*args), boot(nodes, addrs,
+    guest_addrs=None), note(**fields)."""
     bins = dict(binaries) if binaries else find_binaries()
-    body = RECORDING_BODY.format(record=str(record), scontrol=bins["scontrol"], slurmd=bins["slurmd"])
+    body = RECORDING_BODY.format(record=str(record), scontrol=bins["scontrol"], slurmd=bins["slurmd"],
+                                 guest=vmnet.guest_argv("", [])[:2])
     return python_program(path, body + "\n" + action + "\n")
 
 
@@ -305,14 +304,15 @@ class SlurmCluster:
             self._version = slurm_version(self.binaries)
         return self._version
 
-    def registered_addr(self, addr: str) -> str:
-        """The NodeAddr slurmctld shows once a node's slurmd has registered, when resume had set `addr`:
-        `addr` before 23.11, from 23.11 the registration's source address (REGISTERED_FROM here)."""
-        return addr if self.version < (23, 11) else REGISTERED_FROM
-
     def slurmd_argv(self, node: str) -> list[str]:
         """Command that boots `node`: slurmd reporting a fresh boot time (-b), as a hook would run it."""
         return [self.binaries["slurmd"], "-b", "-N", node, "-f", str(self.conf)]
+
+    def guest_argv(self, node: str, addr: str) -> list[str]:
+        """slurmd_argv run as a VM would: in a network namespace of its own whose address is `addr` (and
+        hostname `node`), so it registers from `addr` (tests/vmnet.py). From 23.11 slurmctld takes the
+        address a CLOUD node registers from as its NodeAddr (cloud_reg_addrs, the default)."""
+        return vmnet.guest_argv(addr, self.slurmd_argv(node), hostname=node)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> SlurmCluster:
@@ -509,9 +509,10 @@ class SlurmCluster:
                                f"job {job_id} in {'/'.join(states)}")
 
     # ---- slurmd -------------------------------------------------------------------------------------
-    def start_slurmd(self, node: str) -> int:
-        """Boot NODE: start `slurmd -b -N NODE`; returns its pid once the pid file names a live process."""
-        self._run(self.slurmd_argv(node), what=f"slurmd {node} start")
+    def start_slurmd(self, node: str, addr: str) -> int:
+        """Boot NODE as a VM at `addr`: start `slurmd -b -N NODE` in a network namespace of its own at that
+        address (guest_argv); returns its pid once the pid file names a live process."""
+        self._run(self.guest_argv(node, addr), what=f"slurmd {node} start")
         pidfile = self.slurmd_pidfile(node)
         return wait_for(lambda: self._pid_from(pidfile), self.timeout, f"pid file {pidfile}")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyone
 import pytest
 from test_real_oned_programs import gpu_holders, pool, wipe
-from test_worker import BOOT, HALT, WORKER, stop_vm_daemons, write_config
+from test_worker import BOOT, GUEST, HALT, WORKER, stop_vm_daemons, write_config
 
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.model import DONE
@@ -66,7 +66,7 @@ class Hypervisor:
                     context = self.vms / f"context-{vm.id}"
                     context_file(self.oned, vm.id, context)
                     env = {**os.environ, "ONE_VM_ID": str(vm.id), "ONE_VM_NAME": vm.name,
-                           "ONE_VM_CONTEXT": str(context)}
+                           "ONE_VM_IP": vm.ip or "", "ONE_VM_CONTEXT": str(context)}
                     subprocess.Popen(["/bin/sh", str(self.boot)], env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for vm_id, name in list(self.booted.items()):
@@ -106,7 +106,7 @@ def real_site(oned, slurm_factory, tmp_path) -> Iterator:
     vms.mkdir()
     vms.chmod(0o755)
     boot, halt = cluster.base / "bin" / "vm-boot", cluster.base / "bin" / "vm-halt"
-    boot.write_text(BOOT.format(root=vms, worker=WORKER))
+    boot.write_text(BOOT.format(root=vms, worker=WORKER, guest=GUEST))
     halt.write_text(HALT.format(root=vms, slurm_run=cluster.run_dir))
     hypervisor = Hypervisor(oned, boot, halt, vms)
     yield cluster, oned, vms

@@ -6,15 +6,17 @@ import socket
 from pathlib import Path
 
 import pytest
+import vmnet
 from slurmharness import SlurmCluster, parse_oneliner, recording_program, wait_for
 
 
-def test_session_runs_in_a_network_namespace_with_only_loopback(netns) -> None:
+def test_session_runs_in_a_network_namespace_with_only_loopback_and_guest_veths(netns) -> None:
     if not netns.isolated:
         pytest.skip(f"not isolated: {netns.detail}")
     # /proc/self/net/dev lists this process's namespace (/sys/class/net shows the mount's namespace).
     lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
-    assert [line.split(":")[0].strip() for line in lines] == ["lo"]
+    names = [line.split(":")[0].strip() for line in lines]
+    assert names[0] == "lo" and all(n.startswith(vmnet.VETH_PREFIX) for n in names[1:]), names
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
         s.settimeout(2)
         s.connect(("192.0.2.1", 9))  # TEST-NET-1: no route exists inside the namespace
@@ -47,14 +49,32 @@ def test_job_boots_cloud_nodes_through_resume_program_and_completes(slurm_factor
     assert sorted(cluster.job_output(job).split()) == ["cloud1", "cloud2"]
     [update] = [r for r in cluster.read_jsonl(record) if r["event"] == "scontrol"]
     assert update["rc"] == 0 and "NodeAddr=127.0.1.1,127.0.1.2" in update["args"]
-    assert cluster.node_info("cloud2")["NodeAddr"] == cluster.registered_addr("127.0.1.2")
+    assert cluster.node_info("cloud2")["NodeAddr"] == "127.0.1.2"
+
+
+@pytest.mark.slurm
+def test_a_node_registers_from_its_own_address(slurm_factory, tmp_path) -> None:
+    """Every guest connects from its VM's address, as on a real cluster (tests/vmnet.py). Here resume tells
+    Slurm 127.0.1.9 but the guest is at 127.0.1.1: from 23.11 (cloud_reg_addrs, the default) slurmctld
+    takes the address the registration came from, and the hostname slurmd reports; 22.05 keeps resume's."""
+    resume = recording_program(tmp_path / "resume", tmp_path / "resume.jsonl",
+                               action='boot(HOSTS, ["127.0.1.9"], guest_addrs=["127.0.1.1"])')
+    cluster: SlurmCluster = slurm_factory(nodes=["cloud1"], resume_program=resume)
+    cluster.scontrol("update", "NodeName=cloud1", "State=POWER_UP")
+    cluster.wait_until(lambda: cluster.node_state("cloud1"), lambda s: s == "IDLE+CLOUD", 30, "cloud1 registered")
+    info = cluster.node_info("cloud1")
+    if cluster.version >= (23, 11):
+        assert (info["NodeAddr"], info["NodeHostName"]) == ("127.0.1.1", "cloud1")
+        assert "Node cloud1/cloud1/127.0.1.1 powered up" in cluster.log_tail("slurmctld.log", 300)
+    else:
+        assert (info["NodeAddr"], info["NodeHostName"]) == ("127.0.1.9", "cloud1")
 
 
 @pytest.mark.slurm
 def test_stop_ends_every_process_it_started(slurm_factory) -> None:
     cluster: SlurmCluster = slurm_factory(nodes=["cloud1"])
     cluster.scontrol("update", "NodeName=cloud1", "NodeAddr=127.0.1.1")
-    pids = [cluster.start_slurmd("cloud1")] + [
+    pids = [cluster.start_slurmd("cloud1", "127.0.1.1")] + [
         int((cluster.run_dir / f).read_text()) for f in ("slurmctld.pid", "munged.pid")]
     cluster.stop()
     wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 10, "daemons gone")
