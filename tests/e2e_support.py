@@ -14,6 +14,7 @@ nebula-power.log, simulator.log, hooks.log), which the conftest attaches to a fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -188,8 +189,13 @@ class E2E:
         """The NodeAddr slurmctld had for `node` when its latest guest booted, before its slurmd registered:
         only our resume can have put it there (from 23.11 registration sets it too, from the address the
         guest connects from, which is the VM's: tests/vmnet.py)."""
-        boots = [e for e in self.hook_events() if e["node"] == node and e.get("action") == "slurmd"]
-        return boots[-1].get("addr_at_boot") if boots else None
+        def boots() -> list[dict[str, Any]]:
+            return [e for e in self.hook_events() if e["node"] == node and e.get("action") == "slurmd"]
+        # The hook records the boot once slurmd has daemonized, which can come after slurmd registered.
+        with contextlib.suppress(AssertionError):
+            self.wait(boots, 10, f"the boot of {node} recorded")
+        found = boots()
+        return found[-1].get("addr_at_boot") if found else None
 
     def no_slurmd(self, node: str) -> None:
         """From now on, VMs of `node` run without starting slurmd (the guest never registers)."""
