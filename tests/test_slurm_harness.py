@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,44 @@ def test_session_runs_in_a_network_namespace_with_only_loopback_and_guest_veths(
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
         s.settimeout(2)
         s.connect(("192.0.2.1", 9))  # TEST-NET-1: no route exists inside the namespace
+
+
+SERVER = """
+import socket
+s = socket.create_server(("0.0.0.0", 7000))
+print(socket.gethostname(), flush=True)
+conn, peer = s.accept()
+print(peer[0], flush=True)
+"""
+CLIENT = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 7000), timeout=10) as c:
+    print(c.getsockname()[0])
+"""
+
+
+def test_guests_have_their_own_address_and_reach_each_other_and_the_session(netns) -> None:
+    """tests/vmnet.py: a guest at 127.0.1.201 sees a connection from a guest at 127.0.1.202 come from
+    127.0.1.202, the session reaches a guest from 127.0.0.1, and a guest reaches the session's 127.0.0.1."""
+    if not netns.isolated:
+        pytest.skip(f"not isolated: {netns.detail}")
+    for client_addr, server_addr in (("127.0.1.202", "127.0.1.201"), (None, "127.0.1.203"),
+                                     ("127.0.1.204", "127.0.0.1")):
+        argv = [sys.executable, "-c", SERVER]
+        server = subprocess.Popen(vmnet.guest_argv(server_addr, argv, hostname="vm-a") if server_addr != "127.0.0.1"
+                                  else argv, stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            hostname = server.stdout.readline().strip()
+            client = [sys.executable, "-c", CLIENT, server_addr]
+            out = subprocess.run(vmnet.guest_argv(client_addr, client, hostname="vm-b") if client_addr else client,
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+            peer = server.stdout.readline().strip()
+        finally:
+            server.kill()
+            server.wait()
+        assert peer == out == (client_addr or "127.0.0.1")
+        assert hostname == ("vm-a" if server_addr != "127.0.0.1" else socket.gethostname())
 
 
 def test_parse_oneliner_keeps_spaces_inside_values() -> None:
