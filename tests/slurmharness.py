@@ -99,6 +99,10 @@ def slurm_version(binaries: Mapping[str, str] | None = None) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+PRIMARY_HOST, BACKUP_HOST = "ctl1", "ctl2"  # the controllers' hostnames with backup_controller
+BACKUP_ADDR = "127.0.0.3"  # the backup controller's address (its own network namespace)
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct TCP ports free right now on `host` (all held open together, then released)."""
     socks = []
@@ -255,6 +259,12 @@ class SlurmCluster:
     slurmctld_parameters: Sequence[str] = ()  # added to idle_on_node_suspend,power_save_interval=1
     # SchedulerParameters sched_interval (Slurm: 60 s): how soon a requeued job is looked at again.
     sched_interval: int | None = 2
+    # A backup controller: SlurmctldHost twice, primary and backup sharing StateSaveLocation (and whatever
+    # else is under base). slurmctld picks its role by its hostname, so the primary runs as host PRIMARY_HOST
+    # at 127.0.0.1 and the backup as BACKUP_HOST in a network namespace of its own at BACKUP_ADDR, on the
+    # same SlurmctldPort (tests/vmnet.py); the backup's slurm.conf differs only in its pid and log files.
+    backup_controller: bool = False
+    slurmctld_timeout: int = 5  # SlurmctldTimeout (Slurm: 120 s): how long the backup waits to take over
     timeout: float = 30.0  # bound for one command (scontrol, sbatch, a daemon start)
     binaries: dict[str, str] = field(default_factory=find_binaries)
     extra_logs: dict[str, Path] = field(default_factory=dict)
@@ -293,6 +303,11 @@ class SlurmCluster:
         env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         return env
 
+    @property
+    def backup_conf(self) -> Path:
+        """The backup controller's slurm.conf (its own SlurmctldPidFile and SlurmctldLogFile)."""
+        return self.base / "slurm-backup.conf"
+
     def slurmd_pidfile(self, node: str) -> Path:
         """Pid file slurmd writes for `node` (SlurmdPidFile=.../slurmd-%n.pid)."""
         return self.run_dir / f"slurmd-{node}.pid"
@@ -325,9 +340,27 @@ class SlurmCluster:
         self._started = True
         self._start_munged()
         self.write_conf()
-        self._run([self.binaries["slurmctld"], "-f", str(self.conf), "-c"], what="slurmctld start")
+        if self.backup_controller:
+            vmnet.reserve(BACKUP_ADDR)  # until the backup runs (after the primary), not the primary itself
+        self._run(self._slurmctld_argv(clear_state=True), what="slurmctld start")
         self._wait_ping()
+        if self.backup_controller:
+            backup = [self.binaries["slurmctld"], "-f", str(self.backup_conf)]
+            self._run(vmnet.guest_argv(BACKUP_ADDR, backup, hostname=BACKUP_HOST), what="backup slurmctld start")
+            self._wait_ping(f"Slurmctld(backup) at {BACKUP_HOST} is UP")
         return self
+
+    def _slurmctld_argv(self, clear_state: bool) -> list[str]:
+        argv = [self.binaries["slurmctld"], "-f", str(self.conf)] + (["-c"] if clear_state else [])
+        return vmnet.guest_argv("", argv, hostname=PRIMARY_HOST) if self.backup_controller else argv
+
+    def kill_primary(self) -> int:
+        """SIGKILL the primary slurmctld (a controller host that dies); returns its pid once it is gone."""
+        pid = self._pid_from(self.run_dir / "slurmctld.pid")
+        assert pid is not None, "no primary slurmctld running"
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), self.timeout, f"slurmctld {pid} gone")
+        return pid
 
     def __enter__(self) -> SlurmCluster:
         return self.start()
@@ -342,9 +375,12 @@ class SlurmCluster:
         prolog = self.prolog_slurmctld
         if prolog is True:
             prolog = self._write_prolog()
+        controllers = [f"SlurmctldHost={PRIMARY_HOST}(127.0.0.1)", f"SlurmctldHost={BACKUP_HOST}({BACKUP_ADDR})",
+                       f"SlurmctldTimeout={self.slurmctld_timeout}"] if self.backup_controller else [
+                       "SlurmctldHost=localhost(127.0.0.1)"]
         lines = [
             f"ClusterName={self.cluster_name}",
-            "SlurmctldHost=localhost(127.0.0.1)",
+            *controllers,
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -360,7 +396,8 @@ class SlurmCluster:
             f"SlurmdLogFile={b}/log/slurmd-%n.log",
             "SlurmctldDebug=verbose",
             "SlurmdDebug=verbose",
-            "DebugFlags=Power",
+            # The backup's slurm.conf differs in its pid and log files: slurmctld would log every registration.
+            "DebugFlags=Power" + (",NO_CONF_HASH" if self.backup_controller else ""),
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "ProctrackType=proctrack/linuxproc",
@@ -402,12 +439,15 @@ class SlurmCluster:
         if self.extra_conf:
             lines.append(self.extra_conf)
         self.conf.write_text("\n".join(lines) + "\n")
+        if self.backup_controller:
+            own = {f"SlurmctldPidFile={b}/run/slurmctld.pid": f"SlurmctldPidFile={b}/run/slurmctld-backup.pid",
+                   f"SlurmctldLogFile={b}/log/slurmctld.log": f"SlurmctldLogFile={b}/log/slurmctld-backup.log"}
+            self.backup_conf.write_text("\n".join(own.get(line, line) for line in lines) + "\n")
 
     def restart_slurmctld(self, clear_state: bool = False) -> None:
         """Stop slurmctld and start it again from slurm.conf (state kept unless clear_state)."""
         self._stop_pidfile(self.run_dir / "slurmctld.pid", "slurmctld")
-        argv = [self.binaries["slurmctld"], "-f", str(self.conf)] + (["-c"] if clear_state else [])
-        self._run(argv, what="slurmctld restart")
+        self._run(self._slurmctld_argv(clear_state), what="slurmctld restart")
         self._wait_ping()
 
     def stop(self) -> None:
@@ -423,10 +463,11 @@ class SlurmCluster:
             for pidfile in sorted(self.run_dir.glob("slurmd-*.pid")):
                 self._stop_pidfile(pidfile, "slurmd")
             self._stop_pidfile(self.run_dir / "slurmctld.pid", "slurmctld")
+            self._stop_pidfile(self.run_dir / "slurmctld-backup.pid", "slurmctld")
             # Whatever still carries our SLURM_CONF (job steps, detached program children) goes too.
-            marker = f"SLURM_CONF={self.conf}".encode()
-            for pid in self._pids_with_env(marker):
-                stop_pid(pid, timeout=2)
+            for conf in (self.conf, self.backup_conf):
+                for pid in self._pids_with_env(f"SLURM_CONF={conf}".encode()):
+                    stop_pid(pid, timeout=2)
             self._stop_pidfile(self.run_dir / "munged.pid", "munged")
             # 24.11 and 26.05's slurmstepd (a batch step whose slurmd is gone) carries the job's environment,
             # not SLURM_CONF, and outlives SIGTERM: find what still works in this directory.
@@ -585,12 +626,12 @@ class SlurmCluster:
         wait_for(lambda: (m / "munge.socket").exists() and self._pid_from(self.run_dir / "munged.pid"),
                  self.timeout, "munged socket and pid file")
 
-    def _wait_ping(self) -> None:
+    def _wait_ping(self, expect: str = "UP") -> None:
         def up() -> bool:
             proc = self.run("scontrol", "ping", check=False, timeout=10)
-            return "UP" in proc.stdout
+            return expect in proc.stdout
         try:
-            wait_for(up, self.timeout, "slurmctld to answer `scontrol ping` with UP", interval=0.1)
+            wait_for(up, self.timeout, f"`scontrol ping` to say {expect}", interval=0.1)
         except SlurmTimeout as exc:
             tail = self.log_tail("slurmctld.log", 60)
             raise SlurmTimeout(f"{exc}\n--- slurmctld.log ---\n{tail}") from None

@@ -21,7 +21,8 @@ worker's guests): when the guest's daemons are stopped by pid, the namespace, th
 go with them, and the address is local to the session again (a connection to it is refused, as before).
 
 Run as a program (what the power programs and hooks call): `vmnet.py ADDR HOSTNAME -- ARGV...` starts ARGV
-in a new guest namespace and exits with its status (slurmd: once it has daemonized). Standard library only:
+in a new guest namespace and exits with its status (slurmd: once it has daemonized); with ADDR "" only the
+hostname is its own (a UTS namespace on the session's network: a controller host at 127.0.0.1). Standard library only:
 the recording programs and hooks run it with the tests' interpreter.
 """
 
@@ -94,6 +95,14 @@ def prepare_session() -> None:
     _ip("rule", "del", "pref", "0")
 
 
+def reserve(addr: str) -> None:
+    """Make `addr` unreachable from the session until a guest takes it (the guest's route replaces this
+    one; once that guest is gone the address is local to the session again). For an address where a server
+    of the session would otherwise answer itself: a primary slurmctld started before its backup (24.11
+    asks the backup's address to give up control at startup) would reach its own port there."""
+    _ip("route", "replace", "unreachable", f"{addr}/32")
+
+
 def in_private_namespace() -> bool:
     """True in a network namespace prepared by prepare_session(), with no way out (no default route): not
     the machine's own network. (The power programs get no environment from slurmctld, and /proc/1 may be
@@ -110,7 +119,8 @@ def in_private_namespace() -> bool:
 
 def guest_argv(addr: str, argv: Sequence[str], hostname: str | None = None,
                python: str = sys.executable) -> list[str]:
-    """The command that runs `argv` in a guest namespace of its own at `addr` (hostname: the VM's)."""
+    """The command that runs `argv` in a guest namespace of its own at `addr` (hostname: the VM's); with
+    `addr` "", on the session's network under a hostname of its own."""
     return [python, str(Path(__file__).resolve()), addr, hostname or "", "--", *argv]
 
 
@@ -174,8 +184,12 @@ def main(args: list[str]) -> int:
             ready_fd, go_fd, addr, hostname, _sep, *argv = args[1:]
             return _inside(int(ready_fd), int(go_fd), addr, hostname, argv)
         addr, hostname, sep, *argv = args
-        if sep != "--" or not argv:
+        if sep != "--" or not argv or not (addr or hostname):
             raise ValueError(args)
+        if not addr:  # a machine of its own name on this network (a second slurmctld host)
+            _unshare(CLONE_NEWUTS)
+            socket.sethostname(hostname)
+            os.execvp(argv[0], argv)
         if not ipaddress.ip_address(addr).is_loopback:
             raise VmnetError(f"{addr}: guests get loopback addresses only (127.0.0.0/8)")
         if not in_private_namespace():
