@@ -92,7 +92,7 @@ def real_site(oned, slurm_factory, tmp_path) -> Iterator:
                              ("slurm-nebula-resume", "slurm-nebula-suspend", "slurm-nebula-resume-fail"))
     cluster = slurm_factory(nodes=("gpu01", "gpu02"), resume_program=resume, suspend_program=suspend,
                             resume_fail_program=fail, slurmctld_parameters=("enable_configless",),
-                            suspend_time=5, suspend_timeout=15, resume_timeout=90)
+                            suspend_time=20, suspend_timeout=15, resume_timeout=90)
     config_path = write_config(cluster, oned.endpoint, boot_timeout=60)
     text = config_path.read_text().replace('memory_mb = 256\n', 'memory_mb = 256\ngpus = 1\n')
     (cluster.base / "one_auth").write_text(oned.auth + "\n")
@@ -127,6 +127,7 @@ def test_sbatch_boots_gpu_vms_on_a_real_oned_the_job_runs_and_suspend_frees_the_
         return {vm.name: vm for vm in pool(oned) if vm.is_ours(cluster.cluster_name, vm.name)}
 
     assert sorted(ours()) == ["gpu01", "gpu02"]
+    # SuspendTime 20 s: the checks below need the VMs still there (5 s ran out on a loaded machine).
     # The job may start as soon as slurmd registers; the worker's READY follows through the real OneGate.
     cluster.wait_for(lambda: all(vm.ready for vm in ours().values()), 60, "READY=YES from both guests")
     for node, vm in ours().items():
