@@ -16,6 +16,7 @@ from typing import Any
 import findings
 import onedfix
 import pytest
+import vmnet
 from e2e_support import E2E, start_e2e
 from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
@@ -23,7 +24,8 @@ from support import make_setup
 
 from opennebula_sim import running_simulator
 
-NETNS_ENV = "SLURM_NEBULA_POWER_TEST_NETNS"  # set once done (inherited by children); "off" disables it
+NETNS_ENV = vmnet.NETNS_ENV  # set once done (inherited by children); "off" disables it
+NETNS_WORKER_ENV = "SLURM_NEBULA_POWER_TEST_NETNS_WORKER"  # the xdist worker whose namespace it is
 CLONE_NEWNET = 0x40000000
 IP_PATHS = ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip")
 
@@ -41,8 +43,12 @@ def _enter_private_netns() -> NetnsStatus:
     marker = os.environ.get(NETNS_ENV)
     if marker == "off":
         return NetnsStatus(False, f"disabled by {NETNS_ENV}=off")
-    if marker:
-        # A child of a session that already made the namespace (pytester, xdist workers): inherited.
+    # Each xdist worker gets a namespace of its own, as tests on separate machines would: the guests' VM
+    # addresses (127.0.1.x from every simulator) and ports of two workers never meet.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    fresh_worker = marker == "isolated" and worker is not None and os.environ.get(NETNS_WORKER_ENV) != worker
+    if marker and not fresh_worker:
+        # A child of a session that already made the namespace (pytester, a worker's children): inherited.
         return NetnsStatus(marker == "isolated", f"inherited from the parent process ({marker})")
     if os.geteuid() != 0:
         return NetnsStatus(False, "not root: cannot create a network namespace")
@@ -50,7 +56,9 @@ def _enter_private_netns() -> NetnsStatus:
     if ip is None:
         return NetnsStatus(False, "iproute2 is not installed (apt-get install iproute2): no `ip` command")
     # A namespace belongs to a thread: unshare() before any thread exists, or other threads stay outside.
-    if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
+    # (An xdist worker has execnet's I/O thread, which only moves messages over its pipes: it may stay.)
+    threads = 2 if fresh_worker else 1
+    if threading.active_count() > threads or len(os.listdir("/proc/self/task")) > threads:
         return NetnsStatus(False, "other threads already run; unshare would isolate only the main one")
     libc = ctypes.CDLL(None, use_errno=True)  # Python 3.11 has no os.unshare
     if libc.unshare(CLONE_NEWNET) != 0:
@@ -63,8 +71,15 @@ def _enter_private_netns() -> NetnsStatus:
         if proc.returncode != 0:
             # We are already inside the namespace: without lo nothing works, so stop here.
             raise pytest.UsageError(f"{' '.join(argv)} failed in the new network namespace: {proc.stderr}")
+    try:
+        vmnet.prepare_session()  # guests of their own, each at its VM address (tests/vmnet.py)
+    except (vmnet.VmnetError, OSError) as exc:
+        raise pytest.UsageError(f"cannot prepare the namespace for guest namespaces: {exc}") from None
     os.environ[NETNS_ENV] = "isolated"
-    return NetnsStatus(True, "private network namespace, only lo (127.0.0.1, 127.0.0.2)")
+    if worker is not None:
+        os.environ[NETNS_WORKER_ENV] = worker
+    return NetnsStatus(True, "private network namespace, lo (127.0.0.1, 127.0.0.2) and one veth per guest"
+                             + (f", this xdist worker's own ({worker})" if worker else ""))
 
 
 _netns_key = pytest.StashKey[NetnsStatus]()

@@ -3,9 +3,10 @@
 `E2E` wires a `SlurmCluster` (tests/slurmharness.py) whose ResumeProgram, SuspendProgram and
 ResumeFailProgram are the installed console scripts, a `nebula-power.toml` beside its slurm.conf (found the
 way production finds it: through the SLURM_CONF slurmctld passes), and an in-process simulator whose hooks
-play the guest: `on_running` starts `slurmd -b -N <VM name>`, `on_stopped` stops that slurmd. slurm.conf
-gives the nodes no NodeAddr, so slurmctld reaches a VM's slurmd (127.0.1.x) only through the NodeAddr our
-resume sets from the VM's lease.
+play the guest: `on_running` starts `slurmd -b -N <VM name>` in a network namespace of its own at the VM's
+IP (tests/vmnet.py), `on_stopped` stops that slurmd (and so the namespace). slurm.conf gives the nodes no
+NodeAddr, so slurmctld reaches a VM's slurmd (127.0.1.x) only through the NodeAddr our resume sets from the
+VM's lease (or, from 23.11, the address it registers from: the same).
 
 Every log lands in the cluster's log directory (slurmctld.log, slurmd-<node>.log, munged.log,
 nebula-power.log, simulator.log, hooks.log), which the conftest attaches to a failing test's report.
@@ -13,6 +14,7 @@ nebula-power.log, simulator.log, hooks.log), which the conftest attaches to a fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import vmnet
 from slurmharness import SlurmCluster, python_program
 
 from opennebula_sim import Durations, SimConfig, Simulator
@@ -51,6 +54,7 @@ HOOK_DIR = {hook_dir!r}
 RECORD = {record!r}
 LOG = {log!r}
 SLURMD = {slurmd_argv!r}
+GUEST = {guest!r}
 PIDFILE = {pidfile!r}
 SCONTROL = {scontrol!r}
 CONF = {conf!r}
@@ -90,7 +94,8 @@ with open(LOG, "a") as log:
         if os.path.exists(os.path.join(HOOK_DIR, "no-slurmd-" + node)):
             note(action="skipped", hostname=context.get("SET_HOSTNAME"))
         else:
-            argv = [a.replace("%n", node) for a in SLURMD]
+            # The guest: slurmd in a network namespace of its own at the VM's IP, hostname as CONTEXT says.
+            argv = [*GUEST, ip, context.get("SET_HOSTNAME") or node, "--", *(a.replace("%n", node) for a in SLURMD)]
             addr = addr_in_slurm(node)
             rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=30).returncode
             note(action="slurmd", rc=rc, hostname=context.get("SET_HOSTNAME"), addr_at_boot=addr)
@@ -181,10 +186,16 @@ class E2E:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def addr_at_boot(self, node: str) -> str | None:
-        """The NodeAddr slurmctld had for `node` when its latest guest booted, before its slurmd registered
-        (so only our resume can have put it there; from 23.11 registration replaces it, see REGISTERED_FROM)."""
-        boots = [e for e in self.hook_events() if e["node"] == node and e.get("action") == "slurmd"]
-        return boots[-1].get("addr_at_boot") if boots else None
+        """The NodeAddr slurmctld had for `node` when its latest guest booted, before its slurmd registered:
+        only our resume can have put it there (from 23.11 registration sets it too, from the address the
+        guest connects from, which is the VM's: tests/vmnet.py)."""
+        def boots() -> list[dict[str, Any]]:
+            return [e for e in self.hook_events() if e["node"] == node and e.get("action") == "slurmd"]
+        # The hook records the boot once slurmd has daemonized, which can come after slurmd registered.
+        with contextlib.suppress(AssertionError):
+            self.wait(boots, 10, f"the boot of {node} recorded")
+        found = boots()
+        return found[-1].get("addr_at_boot") if found else None
 
     def no_slurmd(self, node: str) -> None:
         """From now on, VMs of `node` run without starting slurmd (the guest never registers)."""
@@ -269,7 +280,8 @@ def start_e2e(
     hook_dir.mkdir()
     hook = python_program(base / "bin" / "vm-hook", HOOK_BODY.format(
         hook_dir=str(hook_dir), record=str(hook_dir / "hooks.jsonl"), log=str(cluster.log_dir / "hooks.log"),
-        slurmd_argv=cluster.slurmd_argv("%n"), pidfile=str(cluster.slurmd_pidfile("%n")),
+        slurmd_argv=cluster.slurmd_argv("%n"), guest=vmnet.guest_argv("", [])[:2],
+        pidfile=str(cluster.slurmd_pidfile("%n")),
         scontrol=cluster.binaries["scontrol"], conf=str(cluster.conf)))
 
     handler = logging.FileHandler(cluster.log_dir / "simulator.log")

@@ -43,5 +43,5 @@ def boot_node(cluster: Any, node: str, addr: str) -> None:
     # slurmd registering before slurmctld has started the power-up (POWER_UP queued) is not taken as a boot.
     cluster.wait_until(lambda: cluster.node_state(node), lambda s: "POWERING_UP" in s, 30,
                        f"{node} powering up")
-    cluster.start_slurmd(node)
+    cluster.start_slurmd(node, addr)
     cluster.wait_until(lambda: cluster.node_state(node), lambda s: s == "IDLE+CLOUD", 30, f"{node} up")

@@ -1,7 +1,8 @@
 """A real Slurm 22.05+ controller with CLOUD nodes in a temporary directory, for end-to-end tests.
 
 One `SlurmCluster` owns a directory B holding munge's key and socket, slurm.conf, state, spool, pid files
-and logs. It starts munged and slurmctld, starts and stops one `slurmd -b -N <node>` per cloud node, and
+and logs. It starts munged and slurmctld, starts and stops one `slurmd -b -N <node>` per cloud node (each
+in a network namespace of its own at the node's VM address, as a VM: tests/vmnet.py), and
 stops every process it (or a power program started through its slurm.conf) left behind, by pid.
 See ../shared/reference/slurm-e2e.md for why each setting is there.
 """
@@ -23,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
+
+import vmnet
 
 T = TypeVar("T")
 
@@ -96,11 +99,8 @@ def slurm_version(binaries: Mapping[str, str] | None = None) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-# From 23.11 (cloud_reg_addrs made the default) a CLOUD node's NodeAddr and NodeHostName become, when its
-# slurmd registers, the address the registration came from and the hostname slurmd reports. A real VM
-# registers from its own address (the one resume set); here every slurmd connects over loopback, so every
-# node ends up with this address (and this machine's hostname).
-REGISTERED_FROM = "127.0.0.1"
+PRIMARY_HOST, BACKUP_HOST = "ctl1", "ctl2"  # the controllers' hostnames with backup_controller
+BACKUP_ADDR = "127.0.0.3"  # the backup controller's address (its own network namespace)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -130,6 +130,7 @@ import json, subprocess, sys, time
 RECORD = {record!r}
 SCONTROL = {scontrol!r}
 SLURMD = {slurmd!r}
+GUEST = {guest!r}  # tests/vmnet.py: runs a command in a network namespace of its own at the VM's address
 CONF = os.environ.get("SLURM_CONF", "")
 def note(**fields):
     with open(RECORD, "a") as f:
@@ -147,24 +148,26 @@ def scontrol(*args):
                        stdin=subprocess.DEVNULL)
     note(event="scontrol", args=list(args), rc=p.returncode, out=p.stdout + p.stderr)
     return p
-def boot(nodes, addrs):
-    """Tell Slurm each node's address, then start its slurmd (-b: fresh boot)."""
+def boot(nodes, addrs, guest_addrs=None):
+    """Tell Slurm each node's address, then start its slurmd (-b: fresh boot) as a VM at that address
+    (or at guest_addrs: a guest whose address is not the one Slurm was told)."""
     scontrol("update", "NodeName=" + ",".join(nodes), "NodeAddr=" + ",".join(addrs),
              "NodeHostname=" + ",".join(nodes))
-    for n in nodes:
-        subprocess.run([SLURMD, "-b", "-N", n, "-f", CONF], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
-        note(event="slurmd", node=n)
+    for n, a in zip(nodes, guest_addrs or addrs):
+        p = subprocess.run([*GUEST, a, n, "--", SLURMD, "-b", "-N", n, "-f", CONF], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+        note(event="slurmd", node=n, addr=a, rc=p.returncode, out=p.stdout + p.stderr)
 '''
 
 
 def recording_program(path: Path, record: Path, action: str = "", binaries: Mapping[str, str] | None = None,
                       ) -> Path:
     """A Python power program that appends its argv, env and SLURM_RESUME_FILE to `record` (JSON lines),
-    then runs `action`, which may use HOSTS (expanded argv[1]), scontrol(*args), boot(nodes, addrs),
-    note(**fields)."""
+    then runs `action`, which may use HOSTS (expanded argv[1]), scontrol(*args), boot(nodes, addrs,
+    guest_addrs=None), note(**fields)."""
     bins = dict(binaries) if binaries else find_binaries()
-    body = RECORDING_BODY.format(record=str(record), scontrol=bins["scontrol"], slurmd=bins["slurmd"])
+    body = RECORDING_BODY.format(record=str(record), scontrol=bins["scontrol"], slurmd=bins["slurmd"],
+                                 guest=vmnet.guest_argv("", [])[:2])
     return python_program(path, body + "\n" + action + "\n")
 
 
@@ -256,6 +259,12 @@ class SlurmCluster:
     slurmctld_parameters: Sequence[str] = ()  # added to idle_on_node_suspend,power_save_interval=1
     # SchedulerParameters sched_interval (Slurm: 60 s): how soon a requeued job is looked at again.
     sched_interval: int | None = 2
+    # A backup controller: SlurmctldHost twice, primary and backup sharing StateSaveLocation (and whatever
+    # else is under base). slurmctld picks its role by its hostname, so the primary runs as host PRIMARY_HOST
+    # at 127.0.0.1 and the backup as BACKUP_HOST in a network namespace of its own at BACKUP_ADDR, on the
+    # same SlurmctldPort (tests/vmnet.py); the backup's slurm.conf differs only in its pid and log files.
+    backup_controller: bool = False
+    slurmctld_timeout: int = 5  # SlurmctldTimeout (Slurm: 120 s): how long the backup waits to take over
     timeout: float = 30.0  # bound for one command (scontrol, sbatch, a daemon start)
     binaries: dict[str, str] = field(default_factory=find_binaries)
     extra_logs: dict[str, Path] = field(default_factory=dict)
@@ -294,6 +303,11 @@ class SlurmCluster:
         env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         return env
 
+    @property
+    def backup_conf(self) -> Path:
+        """The backup controller's slurm.conf (its own SlurmctldPidFile and SlurmctldLogFile)."""
+        return self.base / "slurm-backup.conf"
+
     def slurmd_pidfile(self, node: str) -> Path:
         """Pid file slurmd writes for `node` (SlurmdPidFile=.../slurmd-%n.pid)."""
         return self.run_dir / f"slurmd-{node}.pid"
@@ -305,14 +319,15 @@ class SlurmCluster:
             self._version = slurm_version(self.binaries)
         return self._version
 
-    def registered_addr(self, addr: str) -> str:
-        """The NodeAddr slurmctld shows once a node's slurmd has registered, when resume had set `addr`:
-        `addr` before 23.11, from 23.11 the registration's source address (REGISTERED_FROM here)."""
-        return addr if self.version < (23, 11) else REGISTERED_FROM
-
     def slurmd_argv(self, node: str) -> list[str]:
         """Command that boots `node`: slurmd reporting a fresh boot time (-b), as a hook would run it."""
         return [self.binaries["slurmd"], "-b", "-N", node, "-f", str(self.conf)]
+
+    def guest_argv(self, node: str, addr: str) -> list[str]:
+        """slurmd_argv run as a VM would: in a network namespace of its own whose address is `addr` (and
+        hostname `node`), so it registers from `addr` (tests/vmnet.py). From 23.11 slurmctld takes the
+        address a CLOUD node registers from as its NodeAddr (cloud_reg_addrs, the default)."""
+        return vmnet.guest_argv(addr, self.slurmd_argv(node), hostname=node)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> SlurmCluster:
@@ -325,9 +340,27 @@ class SlurmCluster:
         self._started = True
         self._start_munged()
         self.write_conf()
-        self._run([self.binaries["slurmctld"], "-f", str(self.conf), "-c"], what="slurmctld start")
+        if self.backup_controller:
+            vmnet.reserve(BACKUP_ADDR)  # until the backup runs (after the primary), not the primary itself
+        self._run(self._slurmctld_argv(clear_state=True), what="slurmctld start")
         self._wait_ping()
+        if self.backup_controller:
+            backup = [self.binaries["slurmctld"], "-f", str(self.backup_conf)]
+            self._run(vmnet.guest_argv(BACKUP_ADDR, backup, hostname=BACKUP_HOST), what="backup slurmctld start")
+            self._wait_ping(f"Slurmctld(backup) at {BACKUP_HOST} is UP")
         return self
+
+    def _slurmctld_argv(self, clear_state: bool) -> list[str]:
+        argv = [self.binaries["slurmctld"], "-f", str(self.conf)] + (["-c"] if clear_state else [])
+        return vmnet.guest_argv("", argv, hostname=PRIMARY_HOST) if self.backup_controller else argv
+
+    def kill_primary(self) -> int:
+        """SIGKILL the primary slurmctld (a controller host that dies); returns its pid once it is gone."""
+        pid = self._pid_from(self.run_dir / "slurmctld.pid")
+        assert pid is not None, "no primary slurmctld running"
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), self.timeout, f"slurmctld {pid} gone")
+        return pid
 
     def __enter__(self) -> SlurmCluster:
         return self.start()
@@ -342,9 +375,12 @@ class SlurmCluster:
         prolog = self.prolog_slurmctld
         if prolog is True:
             prolog = self._write_prolog()
+        controllers = [f"SlurmctldHost={PRIMARY_HOST}(127.0.0.1)", f"SlurmctldHost={BACKUP_HOST}({BACKUP_ADDR})",
+                       f"SlurmctldTimeout={self.slurmctld_timeout}"] if self.backup_controller else [
+                       "SlurmctldHost=localhost(127.0.0.1)"]
         lines = [
             f"ClusterName={self.cluster_name}",
-            "SlurmctldHost=localhost(127.0.0.1)",
+            *controllers,
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
@@ -360,7 +396,8 @@ class SlurmCluster:
             f"SlurmdLogFile={b}/log/slurmd-%n.log",
             "SlurmctldDebug=verbose",
             "SlurmdDebug=verbose",
-            "DebugFlags=Power",
+            # The backup's slurm.conf differs in its pid and log files: slurmctld would log every registration.
+            "DebugFlags=Power" + (",NO_CONF_HASH" if self.backup_controller else ""),
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "ProctrackType=proctrack/linuxproc",
@@ -402,12 +439,15 @@ class SlurmCluster:
         if self.extra_conf:
             lines.append(self.extra_conf)
         self.conf.write_text("\n".join(lines) + "\n")
+        if self.backup_controller:
+            own = {f"SlurmctldPidFile={b}/run/slurmctld.pid": f"SlurmctldPidFile={b}/run/slurmctld-backup.pid",
+                   f"SlurmctldLogFile={b}/log/slurmctld.log": f"SlurmctldLogFile={b}/log/slurmctld-backup.log"}
+            self.backup_conf.write_text("\n".join(own.get(line, line) for line in lines) + "\n")
 
     def restart_slurmctld(self, clear_state: bool = False) -> None:
         """Stop slurmctld and start it again from slurm.conf (state kept unless clear_state)."""
         self._stop_pidfile(self.run_dir / "slurmctld.pid", "slurmctld")
-        argv = [self.binaries["slurmctld"], "-f", str(self.conf)] + (["-c"] if clear_state else [])
-        self._run(argv, what="slurmctld restart")
+        self._run(self._slurmctld_argv(clear_state), what="slurmctld restart")
         self._wait_ping()
 
     def stop(self) -> None:
@@ -423,10 +463,11 @@ class SlurmCluster:
             for pidfile in sorted(self.run_dir.glob("slurmd-*.pid")):
                 self._stop_pidfile(pidfile, "slurmd")
             self._stop_pidfile(self.run_dir / "slurmctld.pid", "slurmctld")
+            self._stop_pidfile(self.run_dir / "slurmctld-backup.pid", "slurmctld")
             # Whatever still carries our SLURM_CONF (job steps, detached program children) goes too.
-            marker = f"SLURM_CONF={self.conf}".encode()
-            for pid in self._pids_with_env(marker):
-                stop_pid(pid, timeout=2)
+            for conf in (self.conf, self.backup_conf):
+                for pid in self._pids_with_env(f"SLURM_CONF={conf}".encode()):
+                    stop_pid(pid, timeout=2)
             self._stop_pidfile(self.run_dir / "munged.pid", "munged")
             # 24.11 and 26.05's slurmstepd (a batch step whose slurmd is gone) carries the job's environment,
             # not SLURM_CONF, and outlives SIGTERM: find what still works in this directory.
@@ -509,9 +550,10 @@ class SlurmCluster:
                                f"job {job_id} in {'/'.join(states)}")
 
     # ---- slurmd -------------------------------------------------------------------------------------
-    def start_slurmd(self, node: str) -> int:
-        """Boot NODE: start `slurmd -b -N NODE`; returns its pid once the pid file names a live process."""
-        self._run(self.slurmd_argv(node), what=f"slurmd {node} start")
+    def start_slurmd(self, node: str, addr: str) -> int:
+        """Boot NODE as a VM at `addr`: start `slurmd -b -N NODE` in a network namespace of its own at that
+        address (guest_argv); returns its pid once the pid file names a live process."""
+        self._run(self.guest_argv(node, addr), what=f"slurmd {node} start")
         pidfile = self.slurmd_pidfile(node)
         return wait_for(lambda: self._pid_from(pidfile), self.timeout, f"pid file {pidfile}")
 
@@ -584,12 +626,12 @@ class SlurmCluster:
         wait_for(lambda: (m / "munge.socket").exists() and self._pid_from(self.run_dir / "munged.pid"),
                  self.timeout, "munged socket and pid file")
 
-    def _wait_ping(self) -> None:
+    def _wait_ping(self, expect: str = "UP") -> None:
         def up() -> bool:
             proc = self.run("scontrol", "ping", check=False, timeout=10)
-            return "UP" in proc.stdout
+            return expect in proc.stdout
         try:
-            wait_for(up, self.timeout, "slurmctld to answer `scontrol ping` with UP", interval=0.1)
+            wait_for(up, self.timeout, f"`scontrol ping` to say {expect}", interval=0.1)
         except SlurmTimeout as exc:
             tail = self.log_tail("slurmctld.log", 60)
             raise SlurmTimeout(f"{exc}\n--- slurmctld.log ---\n{tail}") from None

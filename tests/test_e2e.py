@@ -61,7 +61,7 @@ def run_full_cycle(env: E2E, label: str) -> tuple[int, dict[str, object]]:
         assert vm.pci, "holding a GPU"
         assert vm.ip and vm.ip.startswith("127.0.1.")
         assert env.addr_at_boot(node) == vm.ip  # before slurmd registered: only our update can have put it there
-        assert c.node_info(node)["NodeAddr"] == c.registered_addr(vm.ip)
+        assert (c.node_info(node)["NodeAddr"], c.node_info(node)["NodeHostName"]) == (vm.ip, node)
         vms[node] = vm
     assert env.gpus_free() == env.gpus_total() - 2
     c.wait_job(job, ["COMPLETED"], timeout=30)
@@ -89,9 +89,12 @@ def test_1_sbatch_two_nodes_boots_gpu_vms_runs_and_powers_them_down(e2e) -> None
     for node, vm in vms.items():
         assert vm.user_template["SLURM_JOB_IDS"] == str(job)  # both VMs carry the job's id
         assert env.vms_of(node) == [env.sim.vm(vm.id)] and env.sim.vm(vm.id).state == DONE
-    # The guests were the VMs: each slurmd was started for its VM's IP and stopped when the VM was.
-    events = [(e["event"], e["node"], e["action"]) for e in env.hook_events()]
-    assert sorted(events) == sorted([("running", n, "slurmd") for n in NODES]
+    # The guests were the VMs: each slurmd was started for its VM's IP and stopped when the VM was (the
+    # on_stopped hook records that once slurmd has exited, which can trail the VM's DONE on a busy machine).
+    def events() -> list[tuple[str, str, str]]:
+        return [(e["event"], e["node"], e["action"]) for e in env.hook_events()]
+    env.wait(lambda: sum(e[0] == "stopped" for e in events()) >= len(NODES), 20, "both guests' halt recorded")
+    assert sorted(events()) == sorted([("running", n, "slurmd") for n in NODES]
                                     + [("stopped", n, "stopped slurmd") for n in NODES])
     assert "Reason" not in env.cluster.node_info("gpu01")
 
@@ -123,6 +126,8 @@ def test_3_node_without_a_free_gpu_is_handed_back_at_once_best_effort_keeps_the_
     submitted = Stopwatch()
     env.wait(lambda: c.job_info(job).get("Restarts") == "1", 30, "job requeued")
     measure("scenario 3 sbatch -> hand-back (job requeued)", submitted())
+    # Read now: after cred_expire the requeued job may resume gpu02 again, which clears the reason.
+    info = c.node_info("gpu02")
     assert submitted() < env.boot_timeout + 5 < c.resume_timeout
     why = f"job {job}: needs 2 GPUs 10de:0302, 1 free"
     env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
@@ -135,7 +140,6 @@ def test_3_node_without_a_free_gpu_is_handed_back_at_once_best_effort_keeps_the_
     hand_back = re.findall(r"scontrol update NodeName=\S+ State=\S+ Reason=.*", log)[0]
     print(f"\nE2E-HANDBACK {hand_back}")
     assert hand_back == f"scontrol update NodeName=gpu02 State=POWER_DOWN_FORCE Reason=nebula: {why}"
-    info = c.node_info("gpu02")
     assert info["Reason"].startswith(f"nebula: {why} ["), info
     assert "POWER" in info["State"], info  # POWER_DOWN, POWERING_DOWN or POWERED_DOWN: back in the pool
     assert f"requeue job JobId={job} due to failure of node gpu02" in c.log_tail("slurmctld.log", 200)
@@ -164,7 +168,7 @@ def test_4a_boot_failure_is_recreated_and_the_job_runs(e2e) -> None:
     old, new = env.vms_of("gpu01")
     assert old.id == first.id and old.state == DONE and not old.pci  # terminated, its GPU freed
     assert new.state_str == "RUNNING" and env.addr_at_boot("gpu01") == new.ip
-    assert c.node_info("gpu01")["NodeAddr"] == c.registered_addr(new.ip)
+    assert c.node_info("gpu01")["NodeAddr"] == new.ip
     assert "recreating" in env.program_log_text()
     # The job may finish before resume's next look at the recreated VM: wait for its summary.
     env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
@@ -258,7 +262,7 @@ def test_7_by_hand_resume_brings_the_node_up_and_suspend_takes_it_down(e2e) -> N
     assert "SLURM_JOB_IDS" not in vm.user_template  # no SLURM_RESUME_FILE by hand
     env.wait(lambda: c.node_state("gpu01") == "IDLE+CLOUD", 15, "gpu01 registered and powered up")
     assert env.addr_at_boot("gpu01") == vm.ip
-    assert c.node_info("gpu01")["NodeAddr"] == c.registered_addr(vm.ip)
+    assert c.node_info("gpu01")["NodeAddr"] == vm.ip
     job = c.sbatch(script=job_script(), nodes=1)
     c.wait_job(job, ["COMPLETED"], timeout=30)
     assert c.job_output(job).split() == ["gpu01"]

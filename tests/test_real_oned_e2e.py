@@ -23,7 +23,7 @@ from pathlib import Path
 import pyone
 import pytest
 from test_real_oned_programs import gpu_holders, pool, wipe
-from test_worker import BOOT, HALT, WORKER, stop_vm_daemons, write_config
+from test_worker import BOOT, GUEST, HALT, WORKER, stop_vm_daemons, write_config
 
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.model import DONE
@@ -66,7 +66,7 @@ class Hypervisor:
                     context = self.vms / f"context-{vm.id}"
                     context_file(self.oned, vm.id, context)
                     env = {**os.environ, "ONE_VM_ID": str(vm.id), "ONE_VM_NAME": vm.name,
-                           "ONE_VM_CONTEXT": str(context)}
+                           "ONE_VM_IP": vm.ip or "", "ONE_VM_CONTEXT": str(context)}
                     subprocess.Popen(["/bin/sh", str(self.boot)], env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for vm_id, name in list(self.booted.items()):
@@ -92,7 +92,7 @@ def real_site(oned, slurm_factory, tmp_path) -> Iterator:
                              ("slurm-nebula-resume", "slurm-nebula-suspend", "slurm-nebula-resume-fail"))
     cluster = slurm_factory(nodes=("gpu01", "gpu02"), resume_program=resume, suspend_program=suspend,
                             resume_fail_program=fail, slurmctld_parameters=("enable_configless",),
-                            suspend_time=5, suspend_timeout=15, resume_timeout=90)
+                            suspend_time=20, suspend_timeout=15, resume_timeout=90)
     config_path = write_config(cluster, oned.endpoint, boot_timeout=60)
     text = config_path.read_text().replace('memory_mb = 256\n', 'memory_mb = 256\ngpus = 1\n')
     (cluster.base / "one_auth").write_text(oned.auth + "\n")
@@ -106,7 +106,7 @@ def real_site(oned, slurm_factory, tmp_path) -> Iterator:
     vms.mkdir()
     vms.chmod(0o755)
     boot, halt = cluster.base / "bin" / "vm-boot", cluster.base / "bin" / "vm-halt"
-    boot.write_text(BOOT.format(root=vms, worker=WORKER))
+    boot.write_text(BOOT.format(root=vms, worker=WORKER, guest=GUEST))
     halt.write_text(HALT.format(root=vms, slurm_run=cluster.run_dir))
     hypervisor = Hypervisor(oned, boot, halt, vms)
     yield cluster, oned, vms
@@ -127,6 +127,7 @@ def test_sbatch_boots_gpu_vms_on_a_real_oned_the_job_runs_and_suspend_frees_the_
         return {vm.name: vm for vm in pool(oned) if vm.is_ours(cluster.cluster_name, vm.name)}
 
     assert sorted(ours()) == ["gpu01", "gpu02"]
+    # SuspendTime 20 s: the checks below need the VMs still there (5 s ran out on a loaded machine).
     # The job may start as soon as slurmd registers; the worker's READY follows through the real OneGate.
     cluster.wait_for(lambda: all(vm.ready for vm in ours().values()), 60, "READY=YES from both guests")
     for node, vm in ours().items():

@@ -4,25 +4,67 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import vmnet
 from findings import finding
 from slurmharness import SlurmCluster, parse_oneliner, recording_program, wait_for
 
 from slurm_nebula_power.slurm import jobs_from_resume_file
 
 
-def test_session_runs_in_a_network_namespace_with_only_loopback(netns) -> None:
+def test_session_runs_in_a_network_namespace_with_only_loopback_and_guest_veths(netns) -> None:
     if not netns.isolated:
         pytest.skip(f"not isolated: {netns.detail}")
     # /proc/self/net/dev lists this process's namespace (/sys/class/net shows the mount's namespace).
     lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
-    assert [line.split(":")[0].strip() for line in lines] == ["lo"]
+    names = [line.split(":")[0].strip() for line in lines]
+    assert names[0] == "lo" and all(n.startswith(vmnet.VETH_PREFIX) for n in names[1:]), names
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
         s.settimeout(2)
         s.connect(("192.0.2.1", 9))  # TEST-NET-1: no route exists inside the namespace
+
+
+SERVER = """
+import socket
+s = socket.create_server(("0.0.0.0", 7000))
+print(socket.gethostname(), flush=True)
+conn, peer = s.accept()
+print(peer[0], flush=True)
+"""
+CLIENT = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 7000), timeout=10) as c:
+    print(c.getsockname()[0])
+"""
+
+
+def test_guests_have_their_own_address_and_reach_each_other_and_the_session(netns) -> None:
+    """tests/vmnet.py: a guest at 127.0.1.201 sees a connection from a guest at 127.0.1.202 come from
+    127.0.1.202, the session reaches a guest from 127.0.0.1, and a guest reaches the session's 127.0.0.1."""
+    if not netns.isolated:
+        pytest.skip(f"not isolated: {netns.detail}")
+    for client_addr, server_addr in (("127.0.1.202", "127.0.1.201"), (None, "127.0.1.203"),
+                                     ("127.0.1.204", "127.0.0.1")):
+        argv = [sys.executable, "-c", SERVER]
+        server = subprocess.Popen(vmnet.guest_argv(server_addr, argv, hostname="vm-a") if server_addr != "127.0.0.1"
+                                  else argv, stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            hostname = server.stdout.readline().strip()
+            client = [sys.executable, "-c", CLIENT, server_addr]
+            out = subprocess.run(vmnet.guest_argv(client_addr, client, hostname="vm-b") if client_addr else client,
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+            peer = server.stdout.readline().strip()
+        finally:
+            server.kill()
+            server.wait()
+        assert peer == out == (client_addr or "127.0.0.1")
+        assert hostname == ("vm-a" if server_addr != "127.0.0.1" else socket.gethostname())
 
 
 def test_parse_oneliner_keeps_spaces_inside_values() -> None:
@@ -60,14 +102,32 @@ def test_job_boots_cloud_nodes_through_resume_program_and_completes(slurm_factor
     assert sorted(cluster.job_output(job).split()) == ["cloud1", "cloud2"]
     [update] = [r for r in cluster.read_jsonl(record) if r["event"] == "scontrol"]
     assert update["rc"] == 0 and "NodeAddr=127.0.1.1,127.0.1.2" in update["args"]
-    assert cluster.node_info("cloud2")["NodeAddr"] == cluster.registered_addr("127.0.1.2")
+    assert cluster.node_info("cloud2")["NodeAddr"] == "127.0.1.2"
+
+
+@pytest.mark.slurm
+def test_a_node_registers_from_its_own_address(slurm_factory, tmp_path) -> None:
+    """Every guest connects from its VM's address, as on a real cluster (tests/vmnet.py). Here resume tells
+    Slurm 127.0.1.9 but the guest is at 127.0.1.1: from 23.11 (cloud_reg_addrs, the default) slurmctld
+    takes the address the registration came from, and the hostname slurmd reports; 22.05 keeps resume's."""
+    resume = recording_program(tmp_path / "resume", tmp_path / "resume.jsonl",
+                               action='boot(HOSTS, ["127.0.1.9"], guest_addrs=["127.0.1.1"])')
+    cluster: SlurmCluster = slurm_factory(nodes=["cloud1"], resume_program=resume)
+    cluster.scontrol("update", "NodeName=cloud1", "State=POWER_UP")
+    cluster.wait_until(lambda: cluster.node_state("cloud1"), lambda s: s == "IDLE+CLOUD", 30, "cloud1 registered")
+    info = cluster.node_info("cloud1")
+    if cluster.version >= (23, 11):
+        assert (info["NodeAddr"], info["NodeHostName"]) == ("127.0.1.1", "cloud1")
+        assert "Node cloud1/cloud1/127.0.1.1 powered up" in cluster.log_tail("slurmctld.log", 300)
+    else:
+        assert (info["NodeAddr"], info["NodeHostName"]) == ("127.0.1.9", "cloud1")
 
 
 @pytest.mark.slurm
 def test_stop_ends_every_process_it_started(slurm_factory) -> None:
     cluster: SlurmCluster = slurm_factory(nodes=["cloud1"])
     cluster.scontrol("update", "NodeName=cloud1", "NodeAddr=127.0.1.1")
-    pids = [cluster.start_slurmd("cloud1")] + [
+    pids = [cluster.start_slurmd("cloud1", "127.0.1.1")] + [
         int((cluster.run_dir / f).read_text()) for f in ("slurmctld.pid", "munged.pid")]
     cluster.stop()
     wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), 10, "daemons gone")

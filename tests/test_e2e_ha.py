@@ -1,0 +1,123 @@
+"""A backup controller takes over while a resume is in flight (issue 14), through the installed programs.
+
+slurm.conf names two controllers (tests/slurmharness.py `backup_controller`): the primary, host ctl1 at
+127.0.0.1, and the backup, host ctl2 in a network namespace of its own at 127.0.0.3, sharing
+StateSaveLocation, the programs' configuration and [power] lock_dir. A 2-node job on a 3-node partition
+starts a resume; while its VMs boot (the simulator's boot phase is slowed down), the primary is killed
+with SIGKILL. The backup takes over after SlurmctldTimeout, the guests register with it, the job runs, and
+then there is exactly one VM per powered-up node and none for the powered-down node, also after idle.
+What the backup did with the resume in flight is printed (run with -s). Two kill points:
+
+- after-state-save: the primary has written node_state since resume told it the addresses. Seen on 26.05.5
+  (and 24.11.5): the backup takes over ~6 s after the kill with the nodes POWERING_UP at their VM
+  addresses and the job CONFIGURING; it does not run ResumeProgram again, the guests register with it and
+  the job completes on the first resume's VMs (ResumeTimeout is not reached). reconcile: nothing to repair.
+- before-state-save: killed the moment resume's NodeAddr update was taken. The backup's state is older:
+  nodes powered down (idle~), the job PENDING. The first resume's VMs boot and register; the backup powers
+  the idle nodes down (our SuspendProgram terminates those VMs, under the same per-node locks), schedules
+  the job again and runs ResumeProgram for it: new VMs, and the job completes (~50 s after the kill). Still
+  one VM per node at the end, none for the third; reconcile: nothing to repair.
+
+Slurm 22.05 is skipped: there the backup starts the job but srun cannot resolve the node names (the job
+lost the VMs' addresses at the takeover, and 22.05 does not take them from the registration).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from e2e_support import E2E, Durations, Stopwatch, job_script
+from slurmharness import BACKUP_HOST, PRIMARY_HOST, slurm_version
+
+pytestmark = pytest.mark.slurm
+
+POWER = Path(sys.executable).parent / "slurm-nebula-power"
+NODES = ("gpu01", "gpu02", "gpu03")
+SLOW_BOOT = Durations(prolog=0.3, boot=12.0, shutdown=0.2, epilog=0.2)  # long enough to kill the primary in
+SLURMCTLD_TIMEOUT = 5
+
+
+def measure(what: str, value: object) -> None:
+    print(f"\nHA {what}: {value}")
+
+
+def reconcile(env: E2E, *args: str) -> list[str]:
+    """`slurm-nebula-power reconcile ARGS` as the operator runs it (config found beside SLURM_CONF)."""
+    proc = subprocess.run([str(POWER), "reconcile", *args], env=env.cluster.env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.parametrize("kill_point", ["after-state-save", "before-state-save"])
+def test_backup_controller_takes_over_a_resume_in_flight_one_vm_per_node(e2e, kill_point) -> None:
+    if slurm_version() < (23, 2):
+        # Measured on 22.05.8, both kill points: the backup starts the job on the nodes the first resume
+        # made, but srun fails (`Unable to resolve "gpu01"`: the job has the node names, not the VMs'
+        # addresses) and the job ends FAILED, or the node never gets its address back (no cloud_reg_addrs
+        # before 23.11); once in the runs it completed. Not something the programs can repair from outside.
+        pytest.skip("Slurm 22.05: a job whose cloud nodes were powering up at the takeover fails on the backup "
+                    "(srun: Unable to resolve the node names); see the module docstring")
+    env: E2E = e2e(nodes=NODES, hosts=3, boot_timeout=40, durations=SLOW_BOOT, backup_controller=True,
+                   slurmctld_timeout=SLURMCTLD_TIMEOUT, resume_timeout=90)
+    c = env.cluster
+    assert f"Slurmctld(primary) at {PRIMARY_HOST} is UP" in c.scontrol("ping")
+    clock = Stopwatch()
+    job = c.sbatch(script=job_script(), nodes=2)
+    # The resume in flight: both VMs made, their addresses told to the primary, neither VM running yet.
+    def booting() -> list:
+        vms = env.live_vms()
+        told = len(vms) == 2 and all(c.node_info(vm.name).get("NodeAddr") == vm.ip for vm in vms)
+        return vms if told and not any(vm.state_str == "RUNNING" for vm in vms) else []
+    booted = env.wait(booting, 30, "two VMs booting, their addresses in slurmctld")
+    told_at = time.time()
+    if kill_point == "after-state-save":
+        # slurmctld writes node_state a few seconds after a change; the VMs still boot meanwhile.
+        saved = c.base / "state" / "node_state"
+        env.wait(lambda: saved.exists() and saved.stat().st_mtime > told_at, 10, "node_state saved")
+        assert not any(vm.state_str == "RUNNING" for vm in env.live_vms()), "killed after the boot, not during"
+    nodes = sorted(vm.name for vm in booted)
+    down = sorted(set(NODES) - set(nodes))
+    killed_at = clock()
+    c.kill_primary()
+    measure(f"{kill_point}: primary killed (s after sbatch)",
+            f"{killed_at:.1f}, {time.time() - told_at:.1f} s after the addresses, VMs "
+            f"{[vm.state_str for vm in env.live_vms()]}")
+    c.wait_for(lambda: f"Slurmctld(backup) at {BACKUP_HOST} is UP" in c.scontrol("ping", check=False) and
+               "Slurmctld(primary)" in c.scontrol("ping", check=False), 10, "ping through the backup")
+    c.wait_for(lambda: re.search(r"taking over|Running as primary controller", c.log_tail("slurmctld-backup.log",
+                                                                                           400)),
+               SLURMCTLD_TIMEOUT * 6, "the backup taking over")
+    measure("backup took over (s after the kill)", f"{clock() - killed_at:.1f}, nodes "
+            f"{[c.sinfo_state(n) for n in NODES]} at {[c.node_info(n).get('NodeAddr') for n in NODES]}, "
+            f"job {c.job_state(job)}")
+    end = c.wait_job(job, ["COMPLETED", "FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT"], timeout=120)
+    measure("job end", f"{end}: {c.job_info(job)}, nodes at {[c.node_info(n).get('NodeAddr') for n in NODES]}")
+    if end != "COMPLETED" and kill_point == "before-state-save" and c.version < (23, 11):
+        # The primary had taken resume's NodeAddr but died before saving it: the backup has the node names
+        # as addresses, and before 23.11 registration does not replace them (no cloud_reg_addrs).
+        pytest.xfail(f"Slurm {c.version}: NodeAddr lost with the primary; the job ends {end}")
+    assert end == "COMPLETED", c.job_output(job)
+    measure("job COMPLETED (s after the kill)", f"{clock() - killed_at:.1f}")
+    assert sorted(c.job_output(job).split()) == nodes
+    measure("resume runs (the first by the primary, any other by the backup)",
+            re.findall(r"summary: slurm-nebula-resume (.*?) in", env.program_log_text()))
+    # Exactly one VM per powered-up node, none for the powered-down one.
+    live = env.live_vms()
+    assert sorted(vm.name for vm in live) == nodes, [(vm.id, vm.name, vm.state_str) for vm in live]
+    measure("suspend runs", re.findall(r"summary: slurm-nebula-suspend (.*?) in", env.program_log_text()))
+    measure("the job ran on the VMs the first resume made", {vm.id for vm in live} == {vm.id for vm in booted})
+    measure("VMs made in all", sorted((vm.id, vm.name) for vm in env.sim.vms()))
+    for vm in live:
+        assert c.node_info(vm.name)["NodeAddr"] == vm.ip
+    assert all(c.sinfo_state(n).endswith("~") for n in down)
+    measure("reconcile --dry-run after the job", reconcile(env, "--dry-run"))
+    # Idle: the backup runs our SuspendProgram; every VM goes.
+    env.wait_nodes(nodes, "idle~", 60)
+    env.wait_no_live_vms(30)
+    assert reconcile(env, "--dry-run")[-1] == "nothing to repair"
