@@ -17,6 +17,7 @@ import subprocess
 
 import pytest
 from e2e_support import DONE, E2E, RESUME, SUSPEND, Durations, Stopwatch, job_script
+from findings import finding
 
 pytestmark = pytest.mark.slurm
 
@@ -220,6 +221,9 @@ def test_5_vm_whose_slurmd_never_registers_is_terminated_by_resume_fail(e2e) -> 
     assert "never registered" in env.program_log_text()
     assert env.gpus_free() == env.gpus_total()
     info = c.node_info("gpu01")
+    finding("ResumeTimeout (slurmd never registers): node afterwards; job",
+            f"{info['State']} Reason={info.get('Reason', '').split(' [')[0]}; "
+            f"{c.job_info(job)['JobState']} Restarts={c.job_info(job)['Restarts']}")
     assert info["State"].startswith("DOWN") and info["Reason"].startswith("ResumeTimeout reached"), info
     assert c.job_info(job)["Restarts"] == "1"
     assert summaries(env, "slurm-nebula-suspend") == []  # Slurm calls only ResumeFailProgram here

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import E2E, Durations, Stopwatch, job_script
+from findings import finding
 from slurmharness import BACKUP_HOST, PRIMARY_HOST, slurm_version
 
 pytestmark = pytest.mark.slurm
@@ -44,6 +45,7 @@ SLURMCTLD_TIMEOUT = 5
 
 def measure(what: str, value: object) -> None:
     print(f"\nHA {what}: {value}")
+    finding(f"backup controller: {what}", value)
 
 
 def reconcile(env: E2E, *args: str) -> list[str]:

@@ -116,6 +116,8 @@ def test_a_node_registers_from_its_own_address(slurm_factory, tmp_path) -> None:
     cluster.scontrol("update", "NodeName=cloud1", "State=POWER_UP")
     cluster.wait_until(lambda: cluster.node_state("cloud1"), lambda s: s == "IDLE+CLOUD", 30, "cloud1 registered")
     info = cluster.node_info("cloud1")
+    finding("NodeAddr after registration, resume said 127.0.1.9, slurmd at 127.0.1.1",
+            f"{info['NodeAddr']} (NodeHostName {info['NodeHostName']})")
     if cluster.version >= (23, 11):
         assert (info["NodeAddr"], info["NodeHostName"]) == ("127.0.1.1", "cloud1")
         assert "Node cloud1/cloud1/127.0.1.1 powered up" in cluster.log_tail("slurmctld.log", 300)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import vmnet
+from findings import finding
 from slurmharness import SlurmCluster, stop_pid
 
 from opennebula_sim import Durations, SimConfig, Simulator, TemplateSpec, running_simulator
@@ -216,6 +217,9 @@ def test_nodes_boot_through_the_worker_and_a_job_runs(site_factory) -> None:
         assert argv[1:] == ["-N", node, "--conf-server", controller_address(cluster), *instance, "-b"]
         info = cluster.node_info(node)
         assert info["NodeAddr"] == vm.ip
+        finding("after the worker's slurmd registered: NodeAddr; InstanceId/InstanceType",
+                f"{'the VM IP' if info['NodeAddr'] == vm.ip else info['NodeAddr']}; "
+                f"{info.get('InstanceId', '(none)')}/{info.get('InstanceType', '(none)')} (VM {vm.id})")
         if instance:  # 23.11 to 25.11 take slurmd's, 26.05 keeps resume's: the VM's id either way
             assert (info.get("InstanceId"), info.get("InstanceType")) == (str(vm.id), "opennebula"), info
 
