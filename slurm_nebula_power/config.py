@@ -25,6 +25,9 @@ JOB_POLICIES = ("all-or-nothing", "best-effort")
 # Seconds a node set is not started again after a GPU shortage; Slurm 23.02+ gets the same value as the
 # hand-back's ResumeAfter, so both cooldowns end together.
 SHORTAGE_COOLDOWN = 60
+# VMs of ours PENDING without a SCHED_MESSAGE at once: more instantiates wait in resume until oned placed
+# some.  A burst of hundreds stalls oned 7.0.2's and 7.4.0's scheduler (bench/README.md, "Real oned").
+MAX_PENDING = 30
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class OneConfig:
     session: str = field(repr=False)
     timeout: float = 30.0
     max_parallel: int = 32
+    max_pending: int = MAX_PENDING
     retry_seconds: float = 60.0
     retry_backoff: float = 0.2
     https_verify: bool = True
@@ -187,6 +191,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "auth_file": Key((str,)),
         "timeout": Key(NUMBER, 30.0, _positive),
         "max_parallel": Key((int,), 32, _positive),
+        "max_pending": Key((int,), MAX_PENDING, _positive),
         "retry_seconds": Key(NUMBER, 60.0, _positive),
         "retry_backoff": Key(NUMBER, 0.2, _positive),
         "https_verify": Key((bool,), True),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from .config import Config, NodeSet
 from .errors import SlurmError
 from .locks import NodeLocks
-from .model import DONE, PENDING, Vm
+from .model import DONE, Vm
 from .operation import Cloud, Context, Outcome
 from .plan import SATISFIED, counting_vm
 from .slurm import OFF, STARTING, UP, NodeState
@@ -85,7 +85,7 @@ class Diagnosis:
 
 
 def _pending_why(vm: Vm) -> str:
-    return ": no host with a free GPU" if vm.state == PENDING and vm.sched_message else ""
+    return ": no host with a free GPU" if vm.unplaceable else ""
 
 
 def impostor_problem(vm: Vm) -> str:

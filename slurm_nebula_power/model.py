@@ -44,6 +44,7 @@ TAG_CLUSTER = "SLURM_CLUSTER"
 TAG_NODE = "SLURM_NODENAME"
 TAG_JOBS = "SLURM_JOB_IDS"
 TAG_MANAGER = "SLURM_NEBULA_POWER"
+DISPATCH_LIMIT = "Dispatch limit reached"  # oned 7.4's SCHED_MESSAGE for a VM left for the next plan
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -163,6 +164,16 @@ class Vm:
     def sched_message(self) -> str:
         """oned's scheduler message (why a PENDING VM is not placed), if any."""
         return str(self.user_template.get("SCHED_MESSAGE", ""))
+
+    @property
+    def unplaceable(self) -> bool:
+        """PENDING with a SCHED_MESSAGE saying oned could not place it (capacity, PCI, ...).
+
+        oned 7.4's scheduler also marks the VMs a plan left out only for its dispatch limits
+        (MAX_HOST in schedulers/rank.conf, MAX_ACTIONS_PER_CLUSTER in oned.conf): "[HOST] Dispatch limit
+        reached on hosts: 0,1,...". Those wait for the next plan; no shortage, so not unplaceable."""
+        message = self.sched_message
+        return self.state == PENDING and bool(message) and DISPATCH_LIMIT not in message
 
     def is_ours(self, cluster: str, node: str) -> bool:
         """Identity, from what a guest cannot write: NAME is the node AND the CONTEXT set at instantiate names

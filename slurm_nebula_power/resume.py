@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -45,10 +45,16 @@ class Boot:
     addr: str | None = None
     seen: str = ""
     running: int | None = None  # the VM recorded running
-    pending_since: float | None = None  # when this run first saw its VM PENDING
+    pending_since: float | None = None  # since when this run sees its VM PENDING with a SCHED_MESSAGE
 
 
 UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
+PACED = frozenset({"instantiate", "recreate", "resume", "release"})  # plans whose VM goes PENDING
+
+
+def pending(vms: Mapping[int, Vm]) -> int:
+    """VMs PENDING: those oned's scheduler has still to place (see max_pending)."""
+    return sum(1 for vm in vms.values() if vm.state == PENDING)
 
 
 def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]) -> Outcome:
@@ -92,6 +98,7 @@ class _Resume:
         self.gate = Gate(ctx, jobs)
         self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
+        self.waiting: deque[tuple[Boot, Plan]] = deque()  # paced plans not sent yet (max_pending)
 
     def run(self, boots: list[Boot]) -> None:
         """Read templates and the pool once, start every node, watch them, sweep what failed."""
@@ -112,7 +119,11 @@ class _Resume:
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
             plans = self._admit(plans)
             for boot, plan in plans:
-                boot.future = self.pool.submit(self._start, boot, plan)
+                if plan.action in PACED:
+                    self.waiting.append((boot, plan))
+                else:
+                    boot.future = self.pool.submit(self._start, boot, plan)
+            self._send({vm.id: vm for vm in vms}, ctx.clock())
             self._watch(boots)
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
@@ -169,6 +180,40 @@ class _Resume:
             removal.result()
         hand_back(self.ctx, self.outcome, list(dict.fromkeys(boot.node for boot, _ in entries)), reason)
 
+    # -- pacing: never more than max_pending VMs for oned's scheduler to place --
+
+    def _send(self, snapshot: Mapping[int, Vm] | None, now: float) -> list[Boot]:
+        """Send the waiting plans the window has room for.
+
+        A burst of a few hundred instantiates stalls the scheduler of oned 7.0.2 and 7.4.0 for good (VMs
+        PENDING without a SCHED_MESSAGE, "Cannot add plan. A placement plan is already in progress." in
+        oned.log); the same VMs sent so that at most ~30 wait for placement all run.  The window
+        counts every VM of our user PENDING (another resume's too: they share the scheduler; one oned
+        cannot place holds its place until pending_timeout removes it) and the calls in flight.  A node's
+        boot_timeout counts from when its plan is sent, not from the start of the run; one that could
+        not be sent within boot_timeout of the start (oned placed nothing for that long) is returned, to
+        fail.  No snapshot (the pool query failed): nothing is sent.
+        """
+        settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
+        self.waiting = deque((b, p) for b, p in self.waiting if b.node not in settled)
+        expired = [b for b, _ in self.waiting if now >= b.deadline]
+        self.waiting = deque((b, p) for b, p in self.waiting if now < b.deadline)
+        if not self.waiting or snapshot is None:
+            return expired
+        flying = sum(1 for b in self.boots.values() if b.future is not None and not b.future.done())
+        room = self.ctx.config.opennebula.max_pending - flying - pending(snapshot)
+        sent = 0
+        while self.waiting and room > 0:
+            boot, plan = self.waiting.popleft()
+            boot.deadline = now + boot.nodeset.boot_timeout
+            boot.future = self.pool.submit(self._start, boot, plan)
+            room -= 1
+            sent += 1
+        if self.waiting:
+            log.info("sent %d, %d waiting for oned to place the VMs before them (max_pending %d)", sent,
+                     len(self.waiting), self.ctx.config.opennebula.max_pending)
+        return expired
+
     # -- starting a node (in the pool) --
 
     def _start(self, boot: Boot, plan: Plan) -> int:
@@ -212,6 +257,7 @@ class _Resume:
             failing = {id(b) for b in _flat(failures)}
             known = [b for b in active if b.vm_id is not None and b.future is None and id(b) not in failing]
             snapshot = self._snapshot(known, now, failures)
+            seen = snapshot
             if snapshot is None:
                 known, snapshot = [], {}
             known = self._set_addresses(known, snapshot, failures)
@@ -234,6 +280,12 @@ class _Resume:
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
             if failures:
+                self._drag(snapshot)
+            expired = self._send(seen, now)
+            if expired:
+                reason = (f"not sent within boot_timeout: oned placed too few of the VMs before it "
+                          f"(max_pending {ctx.config.opennebula.max_pending})")
+                self._give_up(expired, snapshot, reason)
                 self._drag(snapshot)
             settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
             active = [b for b in active if b.node not in settled]
@@ -341,15 +393,18 @@ class _Resume:
             return self._retry_or(boot, now, f"VM failed to boot ({vm.state_name})")
         if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
             return "done"
-        if vm.state != PENDING:
+        # pending_timeout counts while oned says it cannot place the VM: a VM PENDING without a message,
+        # or left for the next plan by a dispatch limit, still waits for the scheduler (a burst), which
+        # proves no shortage.
+        if not vm.unplaceable:
             boot.pending_since = None
         elif boot.pending_since is None:
             boot.pending_since = now
-        elif vm.sched_message and now - boot.pending_since >= boot.nodeset.pending_timeout:
+        elif now - boot.pending_since >= boot.nodeset.pending_timeout:
             return UNPLACED
         if now < boot.deadline:
             return ""
-        if vm.state == PENDING and vm.sched_message:
+        if vm.unplaceable:
             return "no host with a free GPU (VM PENDING past boot_timeout)"
         if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
             return f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s (RUNNING)"
