@@ -36,6 +36,7 @@ from .slurm import find_scontrol, slurm_version
 from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
+STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
 MEMORY_TIGHT = 0.97  # RealMemory above this share of MEMORY is likely above what the guest reports
 R, W, X = os.R_OK, os.W_OK, os.X_OK
 
@@ -259,9 +260,11 @@ def check_capacity(report: Report, config: Config, cloud: Cloud) -> None:
     except CloudError as exc:
         report.warn(subject, f"unreadable ({first_line(exc)}): resume cannot count free GPUs before it "
                     "instantiates and relies on pending_timeout alone", fix)
+        check_bursts(report, config, None)
         return
     if not hosts:
         report.warn(subject, "no host visible: resume cannot count free GPUs before it instantiates", fix)
+        check_bursts(report, config, None)
         return
     placeable = [h for h in hosts if h.placeable]
     parts = []
@@ -273,6 +276,31 @@ def check_capacity(report: Report, config: Config, cloud: Cloud) -> None:
         if requests:
             parts.append(f"{nodeset.nodes_expr}: {Pool(hosts).free(requests)} GPU {label(requests)} free")
     report.ok(subject, f"{len(hosts)} hosts, {len(placeable)} take VMs" + "".join(f"; {p}" for p in parts))
+    check_bursts(report, config, len(placeable))
+
+
+def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
+    """How a burst reaches oned's scheduler: max_pending against the oned.conf settings that place it.
+
+    oned.conf cannot be read over XML-RPC, so the settings are named with their stock values; the warning
+    is for a max_pending above the stock MAX_ACTIONS_PER_CLUSTER, the range where bursts were not measured
+    to run (300 at once stalled 7.0.2 and 7.4.0 for good, bench/README.md "Real oned")."""
+    subject = "[opennebula] max_pending"
+    pending = config.opennebula.max_pending
+    per_plan = min(pending, STOCK_ACTIONS_PER_CLUSTER, placeable) if placeable else None
+    rate = f"; {placeable} hosts take VMs: at most {per_plan} VMs a plan with the stock settings" if per_plan else ""
+    settings = ("oned places at most MAX_HOST (schedulers/rank.conf on 7.x, stock 1) VMs per host and "
+                f"MAX_ACTIONS_PER_CLUSTER (oned.conf, stock {STOCK_ACTIONS_PER_CLUSTER}) per plan, a plan "
+                "after SCHED_MAX_WND_TIME (stock 10 s) or SCHED_MAX_WND_LENGTH (stock 7) new VMs")
+    if pending > STOCK_ACTIONS_PER_CLUSTER:
+        report.warn(subject, f"{pending} VMs PENDING at once, above oned's stock MAX_ACTIONS_PER_CLUSTER "
+                    f"{STOCK_ACTIONS_PER_CLUSTER}: a burst beyond what a plan dispatches can stall oned's "
+                    f"scheduler ({settings}{rate})",
+                    f"set max_pending = {STOCK_ACTIONS_PER_CLUSTER} or below, unless oned.conf's "
+                    "MAX_ACTIONS_PER_CLUSTER is at least max_pending")
+    else:
+        report.ok(subject, f"at most {pending} VMs of ours PENDING at once, the rest wait in resume; "
+                  f"{settings}{rate}")
 
 
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:

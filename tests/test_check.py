@@ -306,3 +306,24 @@ def test_an_unreadable_host_pool_is_a_warning(site) -> None:
     assert found.level == WARNING and "relies on pending_timeout alone" in found.text
     assert 'oneacl create "#<uid> HOST/* USE"' in found.fix
     assert not report.problems
+
+
+def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:
+    from slurm_nebula_power.checks import OK, run_checks
+
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
+    assert found.level == OK and found.text.startswith("at most 30 VMs of ours PENDING at once")
+    for setting in ("MAX_HOST", "MAX_ACTIONS_PER_CLUSTER", "SCHED_MAX_WND_TIME", "SCHED_MAX_WND_LENGTH"):
+        assert setting in found.text
+
+
+def test_max_pending_above_the_stock_dispatch_limit_is_a_warning(site) -> None:
+    from slurm_nebula_power.checks import WARNING, run_checks
+
+    edit(site.config, "max_parallel = 8\n", "max_parallel = 8\nmax_pending = 100\n")
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
+    assert found.level == WARNING and "above oned's stock MAX_ACTIONS_PER_CLUSTER 30" in found.text
+    assert found.fix.startswith("set max_pending = 30 or below")
+    assert not report.problems
