@@ -44,7 +44,13 @@ TAG_CLUSTER = "SLURM_CLUSTER"
 TAG_NODE = "SLURM_NODENAME"
 TAG_JOBS = "SLURM_JOB_IDS"
 TAG_MANAGER = "SLURM_NEBULA_POWER"
-DISPATCH_LIMIT = "Dispatch limit reached"  # oned 7.4's SCHED_MESSAGE for a VM left for the next plan
+# SCHED_MESSAGEs of VMs a placement plan left for a later one, seen on free GPUs (bench/README.md, "Real
+# oned"): 7.4.0's dispatch limits; 7.0.2's for the same (its text, cut short by oned, also names System DS
+# capacity) and before the system datastore's first monitoring.  A real GPU shortage reads "Cannot
+# allocate VM. Not enough capacity in hosts 0,1" (7.0.2) or "[HOST] Unavailable PCI devices" (7.4.0).
+DISPATCH_WAITS = ("Dispatch limit reached on hosts",
+                  "Possible reasons: Not enough capacity in Host or System DS, dispatch",
+                  "No system datastores found to run VMs")
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -169,11 +175,11 @@ class Vm:
     def unplaceable(self) -> bool:
         """PENDING with a SCHED_MESSAGE saying oned could not place it (capacity, PCI, ...).
 
-        oned 7.4's scheduler also marks the VMs a plan left out only for its dispatch limits
-        (MAX_HOST in schedulers/rank.conf, MAX_ACTIONS_PER_CLUSTER in oned.conf): "[HOST] Dispatch limit
-        reached on hosts: 0,1,...". Those wait for the next plan; no shortage, so not unplaceable."""
+        oned's scheduler also marks the VMs a plan left out only for its dispatch limits (MAX_HOST in
+        schedulers/rank.conf, MAX_ACTIONS_PER_CLUSTER in oned.conf), e.g. 7.4's "[HOST] Dispatch limit
+        reached on hosts: 0,1,...": those wait for a later plan (DISPATCH_WAITS); no shortage."""
         message = self.sched_message
-        return self.state == PENDING and bool(message) and DISPATCH_LIMIT not in message
+        return self.state == PENDING and bool(message) and not any(w in message for w in DISPATCH_WAITS)
 
     def is_ours(self, cluster: str, node: str) -> bool:
         """Identity, from what a guest cannot write: NAME is the node AND the CONTEXT set at instantiate names
