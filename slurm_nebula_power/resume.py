@@ -49,6 +49,7 @@ class Boot:
 
 
 UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
+PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
 PACED = frozenset({"instantiate", "recreate", "resume", "release"})  # plans whose VM goes PENDING
 
 
@@ -251,7 +252,10 @@ class _Resume:
         active = list(boots)
         interval = Backoff(ctx.poll_first, ctx.config.power.poll_max)
         while active:
-            self._pause([b.future for b in active if b.future is not None], interval.next())
+            pause = interval.next()
+            if self.waiting:  # oned places a plan every few seconds: see it soon, send the next VMs
+                pause = min(pause, PACING_POLL)
+            self._pause([b.future for b in active if b.future is not None], pause)
             now = ctx.clock()
             failures = self._collect_calls(active, now)
             failing = {id(b) for b in _flat(failures)}
