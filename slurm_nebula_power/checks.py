@@ -293,13 +293,13 @@ def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
                 f"MAX_ACTIONS_PER_CLUSTER (oned.conf, stock {STOCK_ACTIONS_PER_CLUSTER}) per plan, a plan "
                 "after SCHED_MAX_WND_TIME (stock 10 s) or SCHED_MAX_WND_LENGTH (stock 7) new VMs")
     if pending > STOCK_ACTIONS_PER_CLUSTER:
-        report.warn(subject, f"{pending} VMs PENDING at once, above oned's stock MAX_ACTIONS_PER_CLUSTER "
+        report.warn(subject, f"waves of {pending} instantiates, above oned's stock MAX_ACTIONS_PER_CLUSTER "
                     f"{STOCK_ACTIONS_PER_CLUSTER}: a burst beyond what a plan dispatches can stall oned's "
                     f"scheduler ({settings}{rate})",
                     f"set max_pending = {STOCK_ACTIONS_PER_CLUSTER} or below, unless oned.conf's "
                     "MAX_ACTIONS_PER_CLUSTER is at least max_pending")
     else:
-        report.ok(subject, f"at most {pending} VMs of ours PENDING at once, the rest wait in resume; "
+        report.ok(subject, f"instantiates in waves of {pending}, the next once oned placed the last; "
                   f"{settings}{rate}")
 
 

@@ -25,8 +25,8 @@ JOB_POLICIES = ("all-or-nothing", "best-effort")
 # Seconds a node set is not started again after a GPU shortage; Slurm 23.02+ gets the same value as the
 # hand-back's ResumeAfter, so both cooldowns end together.
 SHORTAGE_COOLDOWN = 60
-# VMs of ours PENDING without a SCHED_MESSAGE at once: more instantiates wait in resume until oned placed
-# some.  A burst of hundreds stalls oned 7.0.2's and 7.4.0's scheduler (bench/README.md, "Real oned").
+# Instantiates per wave: resume sends the next wave once oned placed the last (resume.py, _send).  A burst
+# of hundreds stalls oned 7.0.2's and 7.4.0's scheduler (bench/README.md, "Real oned").
 MAX_PENDING = 30
 
 

@@ -313,7 +313,8 @@ def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:
 
     report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
     [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
-    assert found.level == OK and found.text.startswith("at most 30 VMs of ours PENDING at once")
+    assert found.level == OK
+    assert found.text.startswith("instantiates in waves of 30, the next once oned placed the last")
     for setting in ("MAX_HOST", "MAX_ACTIONS_PER_CLUSTER", "SCHED_MAX_WND_TIME", "SCHED_MAX_WND_LENGTH"):
         assert setting in found.text
 
