@@ -133,16 +133,26 @@ def run_resume(oned: Oned, item: str, work: Path) -> dict[str, Any]:
 
 
 def run_baseline(oned: Oned, nodes: int, work: Path) -> dict[str, Any]:
-    """bench/baseline.py (one node after another, plain pyone) against the real oned."""
+    """bench/baseline.py (one node after another, plain pyone) against the real oned; resume's figure
+    includes the wait until every VM is RUNNING (the baseline itself does not wait)."""
     root = work / f"baseline-{nodes}"
     shutil.rmtree(root, ignore_errors=True)
-    write_site(root, oned, nodes, 1, 0)
+    write_site(root, oned, nodes, 1, 1)
+    client = oned.client()
     out: dict[str, Any] = {"nodes": nodes}
     for program in ("resume", "suspend"):
+        start = time.monotonic()
         out[program] = power_bench.launch_argv(
             [sys.executable, str(HERE / "baseline.py"), program, oned.endpoint, str(root / "one_auth"),
-             power_bench.CLUSTER, f"1-{nodes}"], {})
-    oned.client().clean("gpu")
+             power_bench.CLUSTER, f"1-{nodes}", "scan"], {})
+        while time.monotonic() - start < 1800:
+            states = client.states("gpu")
+            running = sum(1 for s in states.values() if s[0] == onedpace.ACTIVE and s[1] == onedpace.RUNNING_LCM)
+            if (program == "suspend" and not states) or (program == "resume" and running == nodes):
+                break
+            time.sleep(0.25)
+        out[program]["until_done"] = time.monotonic() - start
+    client.clean("gpu")
     return out
 
 
@@ -172,7 +182,9 @@ def markdown(result: dict[str, Any]) -> str:
                              f"{p['wall']:.1f} | {p['cpu']:.2f} | {p['rc']} | {'yes' if p['ok'] else 'NO'} |")
     for r in result["baseline"]:
         lines += ["", f"one-by-one baseline, {r['nodes']} nodes: resume {r['resume']['wall']:.1f} s "
-                  f"(rc {r['resume']['rc']}), suspend {r['suspend']['wall']:.1f} s (rc {r['suspend']['rc']})"]
+                  f"(rc {r['resume']['rc']}; all RUNNING after {r['resume']['until_done']:.1f} s), suspend "
+                  f"{r['suspend']['wall']:.1f} s (rc {r['suspend']['rc']}; all gone after "
+                  f"{r['suspend']['until_done']:.1f} s)"]
     return "\n".join(lines)
 
 
