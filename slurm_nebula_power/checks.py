@@ -37,6 +37,7 @@ from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
+STOCK_MAX_CONN = 15  # oned.conf MAX_CONN (XML-RPC connections served at once) as shipped
 MEMORY_TIGHT = 0.97  # RealMemory above this share of MEMORY is likely above what the guest reports
 R, W, X = os.R_OK, os.W_OK, os.X_OK
 
@@ -301,6 +302,16 @@ def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
     else:
         report.ok(subject, f"instantiates in waves of {pending}, the next once oned placed the last; "
                   f"{settings}{rate}")
+    parallel = config.opennebula.max_parallel
+    if parallel >= STOCK_MAX_CONN:
+        # Each thread keeps its connection alive; oned serves MAX_CONN of them and lets the others wait in
+        # the backlog until one idles out (KEEPALIVE_TIMEOUT 15 s): seen as instantiates that got no answer
+        # within 30 s from oned 7.0.2 with 32 threads (bench/README.md, "Real oned").
+        report.warn("[opennebula] max_parallel", f"{parallel} connections at once (and one more that polls), "
+                    f"oned's stock MAX_CONN is {STOCK_MAX_CONN}: the calls beyond it wait for a kept-alive "
+                    "connection to idle out (KEEPALIVE_TIMEOUT, stock 15 s) and can time out",
+                    f"set max_parallel = {STOCK_MAX_CONN - 3} or lower (other clients need connections too), or "
+                    "raise MAX_CONN in oned.conf above max_parallel")
 
 
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:

@@ -328,3 +328,16 @@ def test_max_pending_above_the_stock_dispatch_limit_is_a_warning(site) -> None:
     assert found.level == WARNING and "above oned's stock MAX_ACTIONS_PER_CLUSTER 30" in found.text
     assert found.fix.startswith("set max_pending = 30 or below")
     assert not report.problems
+
+
+def test_max_parallel_at_oned_stock_max_conn_is_a_warning(site) -> None:
+    from slurm_nebula_power.checks import WARNING, run_checks
+
+    subject = "[opennebula] max_parallel"
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    assert not [f for f in report.findings if f.subject == subject], "8 is below MAX_CONN 15"
+    edit(site.config, "max_parallel = 8\n", "max_parallel = 32\n")
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    [found] = [f for f in report.findings if f.subject == subject]
+    assert found.level == WARNING and "oned's stock MAX_CONN is 15" in found.text
+    assert found.fix.startswith("set max_parallel = 12 or lower")
