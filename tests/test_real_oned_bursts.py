@@ -38,7 +38,11 @@ def test_a_burst_is_paced_and_every_node_comes_up(oned, tmp_path) -> None:
     setup = make_setup(tmp_path / "site", oned.endpoint, oned.auth,
                        nodesets=f'[[nodeset]]\nnodes = "{nodes}"\ntemplate = "slurm-gpu-worker"\n'
                                 'boot_timeout = 600\n')
-    text = setup.config.read_text()
+    # The product's default timeouts, not make_setup's short ones: on a loaded machine oned took over 5 s
+    # to answer an instantiate, and a retried instantiate whose first answer was lost leaves a duplicate
+    # VM holding a GPU until the watch removes it.
+    text = setup.config.read_text().replace("timeout = 5\n", "timeout = 30\n").replace(
+        "retry_seconds = 10\n", "retry_seconds = 60\n")
     setup.config.write_text(text.replace("max_parallel = 8\n", f"max_parallel = 8\nmax_pending = {MAX_PENDING}\n"))
     done = run_program(setup, "resume", nodes, guard=900)  # a guard against a hang, not a time bound
     log = setup.log_text()
