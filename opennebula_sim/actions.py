@@ -30,9 +30,10 @@ _ORIGIN = {failed: origin for origin, (_, failed) in _FAIL_TO.items() if failed 
 
 
 def quota_message(cloud: Cloud, user: User) -> str:
-    """The text oned's VM quota check gives when RUNNING_VMS is exhausted."""
+    """The text oned's VM quota check gives (Quota.cc, prefixed by Request::user_quota_authorization) when
+    the user's RUNNING_VMS is exhausted: the limit taken to be what the user runs now."""
     running = sum(1 for vm in cloud.vms.values() if vm.uid == user.uid and vm.state not in (S.DONE,))
-    return f"Limit of {running} reached for RUNNING_VMS quota in VM"
+    return f"user [{user.uid}] limit of {running} reached for RUNNING_VMS quota in VM"
 
 
 def vm_action(cloud: Cloud, action: str, vm_id: int, user: User) -> int:

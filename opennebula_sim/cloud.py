@@ -27,10 +27,14 @@ from opennebula_sim.vmbuild import (
     strip_pci_assignment,
 )
 
-SCHED_TEXT = "Cannot dispatch VM to any Host. Check VM log for detailed reasons."  # 6.x's scheduler
-# oned 7.x (VirtualMachine::set_template_error_message: "<ctime>: <message>"), as a real 7.0.2/7.4.0 wrote it.
-SCHED_TEXT_7 = "Cannot allocate VM. Not enough capacity in hosts {hosts}"
-SCHED_TEXT_7_NO_HOSTS = "Cannot dispatch VM: No hosts enabled to run VMs"
+# 7.x when no host takes VMs at all (SchedulerManager: no host in a state to run VMs).
+NO_HOSTS_TEXT = "Cannot dispatch VM: No hosts enabled to run VMs"
+# What a stuck VM (fault) is told: the text real oned left on VMs its scheduler stalled on.
+STUCK_TEXT = ("Cannot dispatch VM to any Host. Possible reasons: Not enough capacity in Host or System DS, "
+              "dispatch limit reached, or limit of free leases reached.")
+# 7.4's rank scheduler names each shortage and the hosts that had it (SchedulerFailure::log_failures).
+_SHORTAGE_7_4 = {"CPU": "[HOST] Not enough CPU on hosts: ", "MEMORY": "[HOST] Not enough MEMORY on hosts: ",
+                 "PCI": "[HOST] Unavailable PCI devices on hosts: "}
 _BOOT_FAILS_TO = {
     S.BOOT: (S.ACTIVE, S.BOOT_FAILURE), S.BOOT_STOPPED: (S.ACTIVE, S.BOOT_STOPPED_FAILURE),
     S.BOOT_UNDEPLOY: (S.ACTIVE, S.BOOT_UNDEPLOY_FAILURE), S.BOOT_POWEROFF: (S.POWEROFF, S.LCM_INIT),
@@ -68,8 +72,25 @@ ONEADMIN = User(0, 0, "oneadmin", "oneadmin")
 
 
 def ctime(now: float) -> str:
-    """oned's timestamp prefix for ERROR and SCHED_MESSAGE: `Mon Nov 30 10:00:00 2026`."""
-    return time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now))
+    """oned's timestamp for ERROR and SCHED_MESSAGE (one_util::log_time, ctime's form): `Tue Dec  1 08:36:52 2026`."""
+    return time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(now))
+
+
+def version_at_least(version: str, major: int, minor: int) -> bool:
+    """Whether the configured oned version (`7.4.0`) is at least major.minor."""
+    parts = tuple(int(p) if p.isdigit() else 0 for p in [*version.split("."), "0", "0"][:2])
+    return parts >= (major, minor)
+
+
+def sched_text(version: str, shortages: dict[int, str]) -> str:
+    """SCHED_MESSAGE's text (after the time) for a VM no host could take: host id -> CPU, MEMORY or PCI.
+
+    7.0 (Scheduler.cc) names every host tried, whatever was short; 7.4 names each shortage with its hosts.
+    """
+    if version_at_least(version, 7, 4):
+        return "".join(prefix + ",".join(str(h) for h, kind in sorted(shortages.items()) if kind == short)
+                       for short, prefix in _SHORTAGE_7_4.items() if short in shortages.values())
+    return "Cannot allocate VM. Not enough capacity in hosts " + ",".join(str(h) for h in sorted(shortages))
 
 
 class Cloud:
@@ -109,7 +130,7 @@ class Cloud:
         vm_name = name or f"{spec.name}-{vm_id}"
         try:
             built = build_vm_templates(base, extra, vm_id, vm_name, template_id, user.uid, user.uname,
-                                       self.ips, self.onegate_endpoint)
+                                       self.ips, self.onegate_endpoint, routes=version_at_least(self.cfg.version, 7, 4))
         except BuildError as exc:
             raise OneError(S.ALLOCATE, str(exc), obj="virtual machine") from None
         self.next_id += 1
@@ -157,7 +178,7 @@ class Cloud:
         else:
             self._pending.discard(vm.id)
         if state == S.PENDING and vm.stuck:
-            self._sched_message(vm, now)
+            self._sched_message(vm, now, STUCK_TEXT)
 
     def _event(self, kind: str, vm: Vm) -> HookEvent:
         context = next((v for v in vm.template.get("CONTEXT", ()) if isinstance(v, dict)), {})
@@ -214,6 +235,10 @@ class Cloud:
         return events
 
     def _finish_phase(self, vm: Vm, at: float) -> None:
+        if vm.lcm == S.LCM_INIT:  # dispatched: the prolog of its kind starts
+            prolog, vm.next_prolog = vm.next_prolog or S.PROLOG, 0
+            self.locked_set_state(vm, S.ACTIVE, prolog, at=at)
+            return
         self.locked_complete(vm, vm.lcm, at, can_fail=True)
 
     def locked_complete(self, vm: Vm, lcm: int, at: float | None = None, can_fail: bool = False) -> None:
@@ -226,7 +251,7 @@ class Cloud:
         if lcm in _BOOT_FAILS_TO:
             vm.boot_attempts += 1
             if can_fail and self._draw("boot", vm.id, vm.boot_attempts) < self.faults.boot_failure_rate:
-                vm.user_template["ERROR"] = [f"{ctime(self.clock())} : Error deploying virtual machine"]
+                vm.user_template["ERROR"] = [f"{ctime(self.clock())}: DEPLOY: Error deploying virtual machine"]
                 self.locked_set_state(vm, *_BOOT_FAILS_TO[lcm], at=at)
             else:
                 self.locked_set_state(vm, S.ACTIVE, S.RUNNING, at=at)
@@ -263,31 +288,28 @@ class Cloud:
             return
         self._sched_dirty = False
         self._new_pending = []
-        failed: set[tuple[object, ...]] = set()
+        failed: dict[tuple[object, ...], str] = {}
         for vm_id in candidates:
             vm = self.vms[vm_id]
             need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests))
             if need not in failed:
+                shortages: dict[int, str] = {}
                 for host in self.hosts:
                     slots = host.fit(vm) if host.takes_vms else None
                     if slots is not None:
                         self._deploy(vm, host, slots, now)
                         break
+                    shortages[host.id] = host.shortage(vm)
                 else:
-                    failed.add(need)
+                    failed[need] = sched_text(self.cfg.version, shortages)
             if vm.state == S.PENDING:
-                self._sched_message(vm, self.clock())
+                self._sched_message(vm, self.clock(), failed[need])
 
-    def _sched_message(self, vm: Vm, now: float) -> None:
-        if not self.cfg.version.startswith(("6.", "5.")):
-            enabled = [str(h.id) for h in self.hosts if h.takes_vms]
-            text = SCHED_TEXT_7.format(hosts=",".join(enabled)) if enabled else SCHED_TEXT_7_NO_HOSTS
-            message = f"{ctime(now)}: {text}"
-        elif "SCHED_MESSAGE" not in vm.user_template:
-            message = f"{ctime(now)} : {SCHED_TEXT}"
-        else:
-            return
-        if vm.user_template.get("SCHED_MESSAGE") != [message]:  # 7.x refreshes it at every pass
+    def _sched_message(self, vm: Vm, now: float, text: str) -> None:
+        if not any(h.takes_vms for h in self.hosts):  # every host disabled, offline or in error
+            text = NO_HOSTS_TEXT
+        message = f"{ctime(now)}: {text}"
+        if vm.user_template.get("SCHED_MESSAGE") != [message]:  # oned refreshes it at every pass
             vm.user_template["SCHED_MESSAGE"] = [message]
             vm.touch()
 
@@ -298,8 +320,12 @@ class Cloud:
         wall = int(self.clock())
         vm.history.append(History(seq=len(vm.history), host_id=host.id, hostname=host.name, stime=wall,
                                   pstime=wall))
-        prolog, vm.next_prolog = vm.next_prolog or S.PROLOG, 0
-        self.locked_set_state(vm, S.ACTIVE, prolog, at=now)
+        # oned's dispatch makes the VM ACTIVE/LCM_INIT; its prolog starts when the LCM takes the deploy (the
+        # next tick here)
+        vm.next_prolog = vm.next_prolog or S.PROLOG
+        self.locked_set_state(vm, S.ACTIVE, S.LCM_INIT, at=now)
+        self._heap_count += 1
+        heapq.heappush(self._heap, (now + 1e-9, self._heap_count, vm.id, vm.phase_seq))
 
     def locked_place(self, vm: Vm, host_name: str | None) -> Host:
         """Give `vm` a host share directly (the handle's add_vm of a VM that already runs somewhere)."""

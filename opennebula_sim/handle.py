@@ -140,7 +140,7 @@ class Simulator:
             lcm_name=S.LCM_NAMES.get(vm.lcm, str(vm.lcm)),
             state_str=S.state_str(vm.state, vm.lcm), host=host, ip=vm.ips[0] if vm.ips else None,
             ips=tuple(vm.ips), user_template=to_plain(vm.user_template), template=to_plain(vm.template),
-            pci=tuple(f"0000:{a}" for a in vm.pci_held), stime=vm.stime, etime=vm.etime,
+            pci=tuple("0000:" + a.replace(".", ":") for a in vm.pci_held), stime=vm.stime, etime=vm.etime,
             locked=vm.lock is not None, resched=vm.resched,
         )
 

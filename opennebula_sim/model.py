@@ -85,8 +85,9 @@ class PciSlot:
 
     @property
     def address(self) -> str:
-        """The full PCI address: domain, bus, slot and function."""
-        return f"0000:{self.spec.short_address}"
+        """The full PCI address as oned's host probes report it: `0000:41:00:0` (domain:bus:slot:function, a
+        colon before the function where SHORT_ADDRESS has a dot)."""
+        return "0000:" + self.spec.short_address.replace(".", ":")
 
     def matches(self, request: dict[str, str]) -> bool:
         """HostSharePCI's rule: every given VENDOR/DEVICE/CLASS (hex) or SHORT_ADDRESS must match."""
@@ -141,6 +142,14 @@ class Host:
                 return None
             chosen.append(slot)
         return chosen
+
+    def shortage(self, vm: Vm) -> str:
+        """What `vm` lacks here (the scheduler's first failed test): CPU, MEMORY or PCI."""
+        if self.used_cpu + vm.cpu_units > self.max_cpu:
+            return "CPU"
+        if self.used_mem + vm.memory_kb > self.max_mem:
+            return "MEMORY"
+        return "PCI"
 
     def take(self, vm: Vm, slots: list[PciSlot]) -> None:
         """Reserve CPU, memory and devices for `vm`."""

@@ -11,17 +11,18 @@ from typing import Any
 from opennebula_sim import states as S
 from opennebula_sim.actions import quota_message, vm_action, vm_recover
 from opennebula_sim.cloud import ONEADMIN, Cloud, User
+from opennebula_sim.config import TemplateSpec
 from opennebula_sim.model import Vm
 from opennebula_sim.states import OneError
-from opennebula_sim.templates import TemplateSyntaxError, parse_template
-from opennebula_sim.xmlrender import VmXmlCache, host_xml, vmtemplate_xml
+from opennebula_sim.templates import TemplateSyntaxError, first, parse_template
+from opennebula_sim.xmlrender import VmXmlCache, host_xml, vmtemplate_xml, vnet_xml
 
 # xmlrpc-c's fault codes: no such method, and parameters of the wrong type or number.
 FAULT_NO_METHOD, FAULT_TYPE = -506, -501
 
 _OBJECT = {  # the object name oned's messages use for each method family
     "one.template": "virtual machine template", "one.templatepool": "virtual machine template",
-    "one.host": "host", "one.hostpool": "host", "one.user": "user", "one.system": "system",
+    "one.host": "host", "one.hostpool": "host", "one.vn": "virtual network", "one.user": "user", "one.system": "system",
 }
 
 
@@ -68,8 +69,11 @@ class Api:
             "one.vmpool.infoextended": (self.vmpool_infoextended, "iiii", "s"),
             "one.templatepool.info": (self.templatepool_info, "iii", ""),
             "one.template.info": (self.template_info, "i", "bb"),
+            "one.template.allocate": (self.template_allocate, "s", ""),
+            "one.template.delete": (self.template_delete, "i", "b"),
             "one.hostpool.info": (self.hostpool_info, "", ""),
             "one.host.info": (self.host_info, "i", "b"),
+            "one.vn.info": (self.vn_info, "i", "b"),
             "one.system.version": (self.system_version, "", ""),
             "one.user.login": (self.user_login, "ssi", "i"),
         }
@@ -97,7 +101,8 @@ class Api:
                 raise OneError(S.AUTHORIZATION, "", obj=_object_of(method))
             reply = [True, handler(user, *params[1:]), 0]
         except OneError as err:
-            return [False, failure_text(method, err, user.uid if user else -1), err.code, err.resp_id]
+            # Request::failure_response: the 5th is the replication index (an i8 in oned, -1 off a HA cluster)
+            return [False, failure_text(method, err, user.uid if user else -1), err.code, err.resp_id, -1]
         self._run_after(method)
         return reply
 
@@ -115,7 +120,7 @@ class Api:
 
     def internal_error(self, method: str) -> list[Any]:
         """The reply of a call that failed inside oned (used for injected transient faults)."""
-        return [False, f"[{method}] Internal error", S.INTERNAL, -1]
+        return [False, f"[{method}] Internal error", S.INTERNAL, -1, -1]
 
     def stats(self) -> dict[str, Any]:
         """sim.stats: calls per method and VMs per state."""
@@ -185,16 +190,23 @@ class Api:
         """OneGate's `PUT /vm`: the guest merges `body` into its USER_TEMPLATE (e.g. READY=YES).
 
         Authenticated by the X-ONEGATE-VMID and X-ONEGATE-TOKEN headers: the token is the one the VM's
-        CONTEXT TOKEN=YES gave it. Answers (HTTP status, text) as onegate-server does: 200 and an empty
-        body, 401 `Not authorized`, 500 with the update's error.
+        CONTEXT TOKEN=YES gave it. The body goes through onegate-server's escape_attr first (bare values get
+        quotes, so `KEY=two words` works and `KEY = "x"` breaks), and its restricted attributes are refused.
+        Answers (HTTP status, text) as onegate-server does: 200 and an empty body, 401 `Not authorized`,
+        403 `Attribute (KEY) cannot be modified`, 500 with the update's error.
         """
         self.count("onegate.vm.update")
         with self.cloud.lock:
             vm = self.cloud.vms.get(int(vm_id)) if vm_id.strip().isdigit() else None
             if vm is None or not vm.onegate_token or not secrets.compare_digest(token, vm.onegate_token):
                 return 401, "Not authorized"
+            text = onegate_escape(body)
+            for line in text.split("\n"):
+                key = line.split("=")[0]
+                if key.upper() in ONEGATE_RESTRICTED:
+                    return 403, f"Attribute ({key}) cannot be modified"
             try:
-                tmpl = parse_template(body)
+                tmpl = parse_template(text)
             except TemplateSyntaxError as exc:
                 return 500, f"[one.vm.update] Cannot update template. {exc}"
             self.cloud.locked_update_user_template(vm, tmpl, True)
@@ -269,6 +281,29 @@ class Api:
             spec, tmpl = self.cloud.templates[template_id]
             return vmtemplate_xml(spec, tmpl, self.cloud.regtime)
 
+    def template_allocate(self, user: User, body: str) -> int:
+        """one.template.allocate (`onetemplate create`): the new template's id. Names must be unique."""
+        try:
+            tmpl = parse_template(body)
+        except TemplateSyntaxError as exc:
+            raise OneError(S.INTERNAL, f"Parse error: {exc}") from None
+        name = first(tmpl, "NAME")
+        with self.cloud.lock:
+            if any(spec.name == name for spec, _ in self.cloud.templates.values()):
+                raise OneError(S.ALLOCATE, f"NAME is already taken by TEMPLATE {name}.",
+                               obj="virtual machine template")
+            template_id = max(self.cloud.templates, default=-1) + 1
+            self.cloud.templates[template_id] = (TemplateSpec(template_id, name or f"template-{template_id}", body),
+                                                 tmpl)
+            return template_id
+
+    def template_delete(self, user: User, template_id: int, recursive: bool = False) -> int:
+        """one.template.delete: the template's id (its VMs are not touched)."""
+        with self.cloud.lock:
+            if self.cloud.templates.pop(template_id, None) is None:
+                raise OneError(S.NO_EXISTS, "", template_id, obj="virtual machine template")
+            return template_id
+
     def hostpool_info(self, user: User) -> str:
         """one.hostpool.info: every host with its PCI devices and allocated share."""
         with self.cloud.lock:
@@ -281,6 +316,13 @@ class Api:
             if not 0 <= host_id < len(self.cloud.hosts):
                 raise OneError(S.NO_EXISTS, "", host_id, obj="host")
             return host_xml(self.cloud.hosts[host_id], int(self.cloud.clock()))
+
+    def vn_info(self, user: User, vn_id: int, decrypt: bool = False) -> str:
+        """one.vn.info: the one network, with its leases."""
+        with self.cloud.lock:
+            if vn_id != self.cloud.ips.spec.id:
+                raise OneError(S.NO_EXISTS, "", vn_id, obj="virtual network")
+            return vnet_xml(self.cloud.ips)
 
     def system_version(self, user: User) -> str:
         """one.system.version: the configured oned version string."""
@@ -296,6 +338,46 @@ class Api:
         else:
             self.tokens[token] = None if valid < 0 else self.cloud.clock() + valid
         return token
+
+
+# onegate-server.conf's :restricted_attrs: (the stock list): a guest may not set these.
+ONEGATE_RESTRICTED = frozenset({"SCHED_REQUIREMENTS", "SERVICE_ID", "ROLE_NAME"})
+
+
+def onegate_escape(attr: str) -> str:
+    """onegate-server.rb's escape_attr, character by character: `KEY=value with spaces` -> `KEY="value with
+    spaces"`, inside vectors too. (Ruby's attr[-1] at index 0 is the last character; Python's is too.)"""
+
+    def at(index: int) -> str:
+        return attr[index] if index < len(attr) else ""
+
+    out: list[str] = []
+    escape = False
+    for idx, char in enumerate(attr):
+        if char == "=" and escape:
+            out.append(char)
+        elif char == "=" and at(idx + 1) not in ("[", '"'):
+            out.append('="')
+            escape = True
+        elif char == "," and at(idx - 1) != '"':
+            out.append('",')
+        elif char == "[" and at(idx - 1) not in ("=", '"'):
+            out.append('"[')
+        elif char == "]" and at(idx - 1) not in ("=", '"'):
+            out.append('"]')
+            escape = False
+        elif char == "\\" and at(idx - 1) != '"':
+            out.append('"\\')
+            escape = False
+        elif char == "\n" and at(idx - 1) != '"':
+            out.append('"\n')
+            escape = False
+        else:
+            out.append(char)
+    text = "".join(out).replace("\\n", "\n")
+    if escape and text[-1:] not in ("]", '"'):
+        text += '"'
+    return text
 
 
 def _object_of(method: str) -> str:

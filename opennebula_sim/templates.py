@@ -110,11 +110,11 @@ class _Parser:
     def parse(self) -> Template:
         out: Template = {}
         while True:
-            self._skip(newlines=True)
+            self._skip(newlines=True, stray=True)
             if self.pos >= len(self.text):
                 return out
             name = self._name()
-            self._skip(newlines=False)
+            self._skip(newlines=False, stray=True)
             self._expect("=")
             self._skip(newlines=False)
             value: Value = self._vector() if self._peek() == "[" else self._single(_BARE)
@@ -124,16 +124,16 @@ class _Parser:
         self.pos += 1  # '['
         vector: dict[str, str] = {}
         while True:
-            self._skip(newlines=True)
+            self._skip(newlines=True, stray=True)
             if self._peek() == "]":
                 self.pos += 1
                 return vector
             name = self._name()
-            self._skip(newlines=True)
+            self._skip(newlines=True, stray=True)
             self._expect("=")
             self._skip(newlines=True)
             vector[name] = self._single(_VECTOR_BARE)
-            self._skip(newlines=True)
+            self._skip(newlines=True, stray=True)
             if self._peek() == ",":
                 self.pos += 1
             elif self._peek() != "]":
@@ -181,13 +181,18 @@ class _Parser:
     def _peek(self) -> str:
         return self.text[self.pos] if self.pos < len(self.text) else ""
 
-    def _skip(self, newlines: bool) -> None:
+    def _skip(self, newlines: bool, stray: bool = False) -> None:
+        """Skip blanks and comments; with `stray` (outside a value, oned's lexer state INITIAL) also the
+        characters no rule of oned's lexer matches there, which flex's default rule drops: a `"` after a vector
+        (OneGate's escaping of `CONTEXT=[A=b]` + newline makes `CONTEXT=[A="b"]"`) is ignored as oned ignores it."""
         while self.pos < len(self.text):
             char = self.text[self.pos]
             if char == "#":
                 end = self.text.find("\n", self.pos)
                 self.pos = len(self.text) if end < 0 else end
             elif char in " \t\r" or (newlines and char == "\n"):
+                self.pos += 1
+            elif stray and not (char.isalnum() or char in "_-=,[]#\n"):
                 self.pos += 1
             else:
                 return

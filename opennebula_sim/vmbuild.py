@@ -9,6 +9,9 @@ from opennebula_sim.model import IpPool, PciSlot, mac_for
 from opennebula_sim.templates import Template, Value, first, merge, split_vm_template, vectors
 
 _VAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)(?:\[([A-Za-z0-9_]+)(?:,[^\]]*)?\])?")
+_CONTEXT_KEYS = ("IP", "MAC", "MASK", "NETWORK", "GATEWAY", "DNS", "SEARCH_DOMAIN", "MTU", "METRIC", "METHOD",
+                 "VLAN_ID", "VROUTER_IP", "VROUTER_MANAGEMENT", "EXTERNAL", "ROUTES", "IP6", "IP6_ULA", "IP6_GATEWAY",
+                 "IP6_METRIC", "IP6_METHOD", "IP6_PREFIX_LENGTH", "VROUTER_IP6")
 _PCI_ASSIGNED = ("ADDRESS", "BUS", "DOMAIN", "FUNCTION", "NUMA_NODE", "PCI_ID", "SHORT_ADDRESS", "SLOT")
 
 
@@ -29,11 +32,11 @@ class Built:
 
 
 def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, template_id: int,
-                       uid: int, uname: str, ips: IpPool, onegate_endpoint: str = "") -> Built:
+                       uid: int, uname: str, ips: IpPool, onegate_endpoint: str = "", routes: bool = False) -> Built:
     """Merge, split into TEMPLATE/USER_TEMPLATE, lease NIC addresses and fill CONTEXT as oned does.
 
     With CONTEXT TOKEN=YES and an `onegate_endpoint`, CONTEXT gets ONEGATE_ENDPOINT and VMID, as oned's
-    generate_token_context adds them (oned.conf's ONEGATE_ENDPOINT).
+    generate_token_context adds them (oned.conf's ONEGATE_ENDPOINT). `routes`: the ETH<i>_ROUTES key of 7.4+.
     """
     merged = merge(base, extra)
     merged.pop("NAME", None)  # VMTemplateInstantiate erases NAME; the VM name is the call's argument
@@ -58,7 +61,7 @@ def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, t
     if contexts:
         names = {"NAME": name, "VMID": str(vm_id), "UID": str(uid), "UNAME": uname,
                  "TEMPLATE_ID": str(template_id)}
-        context = _context(contexts[0], nics, ips, vm_tmpl, user_tmpl, names)
+        context = _context(contexts[0], nics, ips, vm_tmpl, user_tmpl, names, routes)
         if onegate_endpoint and context.get("TOKEN", "").upper() == "YES":
             context.update(ONEGATE_ENDPOINT=onegate_endpoint, VMID=str(vm_id))
         vm_tmpl["CONTEXT"] = [context]
@@ -90,21 +93,23 @@ def _nic(nic: dict[str, str], index: int, vm_id: int, ip: str, ips: IpPool) -> d
 
 
 def _context(context: dict[str, str], nics: list[Value], ips: IpPool, vm_tmpl: Template, user_tmpl: Template,
-             names: dict[str, str]) -> dict[str, str]:
+             names: dict[str, str], routes: bool) -> dict[str, str]:
     out = {key: _substitute(value, vm_tmpl, user_tmpl, names) for key, value in context.items()}
-    out.setdefault("DISK_ID", "1")
+    out.setdefault("DISK_ID", str(len(vectors(vm_tmpl, "DISK"))))  # the context CD comes after the disks
     out.setdefault("TARGET", "hda")
     if out.get("NETWORK", "").upper() == "YES":
         net = ips.network
         for nic in nics:
             assert isinstance(nic, dict)
             eth = f"ETH{nic['NIC_ID']}_"
+            # VirtualMachineContext.cc's NETWORK_CONTEXT and NETWORK6_CONTEXT: every key is set, empty when
+            # neither the NIC nor the network has the value (ROUTES from 7.4 on)
+            out.update(dict.fromkeys((eth + key for key in _CONTEXT_KEYS if key != "ROUTES" or routes), ""))
             out.update({
                 eth + "IP": nic["IP"], eth + "MAC": nic["MAC"], eth + "MASK": str(net.netmask),
                 eth + "NETWORK": str(net.network_address), eth + "GATEWAY": ips.spec.gateway,
-                eth + "DNS": ips.spec.dns, eth + "MTU": "", eth + "SEARCH_DOMAIN": "",
+                eth + "DNS": ips.spec.dns,
             })
-            out.setdefault(eth + "GATEWAY6", "")
     return out
 
 

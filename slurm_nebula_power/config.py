@@ -22,8 +22,8 @@ SUSPEND_ACTIONS = ("terminate", "undeploy", "poweroff")
 WAIT_FOR = ("running", "ready")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 JOB_POLICIES = ("all-or-nothing", "best-effort")
-# Seconds a node set is not started again after a GPU shortage; Slurm 23.02+ gets the same value as the
-# hand-back's ResumeAfter, so both cooldowns end together.
+# Seconds a node set is not started again after a GPU shortage (the requeued jobs' resumes within it are
+# handed back after one host pool read), on every Slurm release.
 SHORTAGE_COOLDOWN = 60
 # Instantiates per wave: resume sends the next wave once oned placed the last (resume.py, _send).  A burst
 # of hundreds stalls oned 7.0.2's and 7.4.0's scheduler (bench/README.md, "Real oned").

@@ -8,6 +8,7 @@ CONTEXT: nothing here can carry the munge key or the OpenNebula session.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +29,11 @@ MOST_GPUS = 16  # PCI devices kept per record
 # The reasons are the texts resume, suspend and reconcile give Slurm; first match wins.
 REASON_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("no host with a free gpu", "no_capacity"),
+    ("gpu shortage", "no_capacity"),  # the cooldown after one
+    ("no free ", "no_capacity"),  # pending_timeout with the host pool showing none free
+    ("cooldown", "no_capacity"),
+    ("all-or-nothing", "job_policy"),  # a node of a job that cannot start whole
+    ("not placed within pending_timeout", "unplaced"),  # PENDING although the host pool had room
     ("not in any nodeset", "not_in_nodeset"),
     ("busy", "busy"),
     ("internal error", "internal"),
@@ -48,9 +54,14 @@ REASON_CATEGORIES: tuple[tuple[str, str], ...] = (
 CATEGORIES = (*dict.fromkeys(c for _, c in REASON_CATEGORIES), "other")
 
 
+_NEEDS_GPUS = re.compile(r"needs \d+ gpus? ")  # the GPU count before instantiating: "needs 4 GPUs 10de:0302, 3 free"
+
+
 def reason_category(reason: str) -> str:
     """A failure reason's category, one of CATEGORIES."""
     text = reason.lower()
+    if _NEEDS_GPUS.search(text):
+        return "no_capacity"
     return next((category for needle, category in REASON_CATEGORIES if needle in text), "other")
 
 

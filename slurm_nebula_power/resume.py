@@ -175,6 +175,7 @@ class _Resume:
         removals = []
         for boot, vm in entries:
             log.error("node=%s vm=%s not started: %s", boot.node, vm.id if vm else None, reason)
+            self.ctx.recorder.record("failed", boot.node, vm, reason=reason, jobs=self.jobs.get(boot.node, ()))
             if vm is not None and self.removals.claim(vm.id):
                 removals.append(self.pool.submit(self.removals.remove, boot.node, vm))
         for removal in removals:

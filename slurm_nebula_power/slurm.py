@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .config import SHORTAGE_COOLDOWN, Config
+from .config import Config
 from .errors import PowerError, SlurmError
 from .hostlists import expand, fold
 from .model import printable
@@ -23,9 +23,6 @@ log = logging.getLogger(__name__)
 BATCH = 256  # nodes per scontrol update: keeps argv well under ARG_MAX for any node-name length
 SEARCH_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"))
 REASON_PREFIX = "nebula: "
-# 23.02+: a handed-back node returns to service by itself after this cooldown (no create/delete loop);
-# the default of [power] shortage_cooldown, which is what a configured Scontrol passes.
-RESUME_AFTER = SHORTAGE_COOLDOWN
 
 
 class SlurmControl(Protocol):
@@ -106,9 +103,9 @@ class NodeState:
 
     @property
     def is_lost_to_job(self) -> bool:
-        """It can no longer serve the job it was resumed for: DOWN (ResumeTimeout, or the 23.02+ hand-back
-        DOWN+ResumeAfter), DRAIN or FAIL (slurmctld requeues the job), powering down, or IDLE with a
-        power-down flag (22.05's POWER_DOWN_FORCE hand-back: no longer allocated to the job).
+        """It can no longer serve the job it was resumed for: DOWN (ResumeTimeout, or a DOWN set by hand),
+        DRAIN or FAIL (slurmctld requeues the job), powering down, or IDLE with a power-down flag (the
+        POWER_DOWN_FORCE hand-back: no longer allocated to the job).
         Not the Reason: a node handed back earlier keeps its "nebula: ..." reason until it registers again."""
         flags, base = self.flags, self.base
         if base in ("DOWN", "FAIL") or flags & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"}:
@@ -142,8 +139,7 @@ def find_scontrol(config: Config | None, environ: Mapping[str, str]) -> Path:
 def scontrol_for(config: Config, environ: Mapping[str, str], timeout: float = 30.0) -> Scontrol:
     """The configured site's scontrol: found by find_scontrol, run with the configured SLURM_CONF."""
     env = {"SLURM_CONF": str(config.slurm.slurm_conf)} if config.slurm.slurm_conf else {}
-    return Scontrol(find_scontrol(config, environ), env=env, timeout=timeout,
-                    resume_after=config.power.shortage_cooldown)
+    return Scontrol(find_scontrol(config, environ), env=env, timeout=timeout)
 
 
 def slurm_version(config: Config, environ: Mapping[str, str]) -> tuple[int, int] | None:
@@ -192,7 +188,6 @@ class Scontrol:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 30.0
     runner: Runner = subprocess.run
-    resume_after: int = RESUME_AFTER
     _version: tuple[int, int] | None = None
 
     def run(self, *args: str, check: bool = True) -> str:
@@ -242,20 +237,19 @@ class Scontrol:
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Hand failed nodes back so their jobs requeue now and the nodes return to the cloud pool.
 
-        Slurm 22.05 (checked against the real controller, tests/test_e2e.py): State=POWER_DOWN_FORCE
-        cancels the power-up, requeues the job at once and powers the node down (SuspendProgram is
-        called for it); the Reason given with it stays in `scontrol show node` while the node powers
-        down and stays down, until the node next registers.  23.02+ gets DOWN with ResumeAfter, which
-        also keeps the reason and returns the node by itself.
+        State=POWER_DOWN_FORCE on every release (checked against the real controller on 22.05, 24.11 and
+        26.05, tests/releases/probe_slurm.py): it cancels the power-up, requeues the job at once and powers
+        the node down (SuspendProgram is called for it); the node is idle~ again after SuspendTimeout, and
+        the Reason given with it stays in `scontrol show node` until the node next registers. The requeue
+        storm that follows while a shortage lasts is stopped by [power] shortage_cooldown, on every release.
+        Not State=DOWN ResumeAfter=...: on a POWERING_UP node (24.11, 26.05) the job requeues, but the node
+        stays POWERING_UP and unusable until ResumeTimeout, then turns DOWN+POWERED_DOWN "ResumeTimeout
+        reached" for good (its ResumeAfter has fired by then): out of use until an admin's state=resume.
         """
         text = printable(REASON_PREFIX + reason)[:200]  # one line: a newline would forge a record
         for start in range(0, len(nodes), BATCH):
             names = fold(nodes[start:start + BATCH])
-            if self.version() >= (23, 2):
-                self.update(f"NodeName={names}", "State=DOWN", f"Reason={text}",
-                            f"ResumeAfter={self.resume_after}")
-            else:
-                self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
+            self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
 
     def show_all_nodes(self) -> dict[str, NodeState]:
         """Every node slurmctld shows (one `scontrol show node -o`); SlurmError when it cannot be asked."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import onedfix
 import pytest
+from e2e_support import E2E, start_e2e
 from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCluster, SlurmUnavailable, find_binaries, make_base
 from support import make_setup
@@ -145,9 +146,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append((f"log {cluster.base}/{title}", text))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `slurm`-marked tests with an install hint when the binaries are missing; keep the tests of one
-    oned release on one xdist worker (one instance per release, not one per worker)."""
+def _skip_slurm_tests_without_binaries(items: list[pytest.Item]) -> None:
+    """Skip `slurm`-marked tests with an install hint when the binaries are missing."""
     try:
         find_binaries()
     except SlurmUnavailable as exc:
@@ -162,9 +162,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop clusters a test forgot to stop (module fixtures that crashed before teardown)."""
+    """Stop clusters a test forgot to stop (module fixtures that crashed before teardown), and the oneds."""
     for cluster in list(SlurmCluster.live):
         cluster.stop()
+    onedfix.stop_shared()
 
 
 # ---- the simulator (most program tests) -------------------------------------------------------------
@@ -189,10 +190,42 @@ def setup(tmp_path, sim):
 @pytest.fixture(scope="session", params=onedfix.VERSIONS, ids=[f"oned-{v}" for v in onedfix.VERSIONS])
 def oned(request):
     """A real oned of each release (4 dummy hosts of 1 GPU, network slurm-net on 127.0.2.0/24, the worker
-    templates, OneGate), one per test session; SKIPPED with the reason when it cannot be started."""
+    templates, OneGate), one per test session and release (onedfix.shared: the contract suite's backends use
+    the same instances, kept across the other release's tests, stopped at the end); SKIPPED with the reason and
+    how to provide it when the source or its build is missing. A start that fails with both present is tried
+    once more, then the test errors: that is a real failure."""
     try:
-        instance = onedfix.start(request.param)
+        return onedfix.shared(request.param)
     except onedfix.OnedUnavailable as exc:
         pytest.skip(str(exc))
-    yield instance
-    instance.stop()
+    except onedfix.OnedFailed:
+        try:
+            return onedfix.shared(request.param)
+        except onedfix.OnedFailed as exc:
+            pytest.fail(str(exc))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests of one oned release run in one xdist worker (one instance per release, not one per worker);
+    `slurm` tests are skipped without the binaries."""
+    _skip_slurm_tests_without_binaries(items)
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "oned" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(f"oned-{callspec.params['oned']}"))
+
+
+@pytest.fixture
+def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
+    """Start a deployment of the real controller with the simulator (tests/e2e_support.py):
+    `e2e(hosts=1, gpus_per_host=1, boot_timeout=6, **cluster_settings)`."""
+    made: list[E2E] = []
+
+    def make(**kw) -> E2E:
+        env = start_e2e(slurm_factory, **kw)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.stop()

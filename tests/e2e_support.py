@@ -52,6 +52,8 @@ RECORD = {record!r}
 LOG = {log!r}
 SLURMD = {slurmd_argv!r}
 PIDFILE = {pidfile!r}
+SCONTROL = {scontrol!r}
+CONF = {conf!r}
 event, node = os.environ["ONE_VM_EVENT"], os.environ["ONE_VM_NAME"]
 vm_id, ip = os.environ["ONE_VM_ID"], os.environ.get("ONE_VM_IP", "")
 context = {{}}
@@ -68,6 +70,14 @@ def note(**fields):
     with open(LOG, "a") as f:
         fields = " ".join(f"{{k}}={{v}}" for k, v in record.items())
         f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + fields + "\\n")
+def addr_in_slurm(node):
+    """The NodeAddr slurmctld has for the node now: before slurmd registers, only resume can have set it."""
+    try:
+        out = subprocess.run([SCONTROL, "show", "node", "-o", node], env=dict(os.environ, SLURM_CONF=CONF),
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((t[len("NodeAddr="):] for t in out.split() if t.startswith("NodeAddr=")), None)
 def pid_of(node):
     try:
         pid = int(open(PIDFILE.replace("%n", node)).read().strip())
@@ -81,8 +91,9 @@ with open(LOG, "a") as log:
             note(action="skipped", hostname=context.get("SET_HOSTNAME"))
         else:
             argv = [a.replace("%n", node) for a in SLURMD]
+            addr = addr_in_slurm(node)
             rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=30).returncode
-            note(action="slurmd", rc=rc, hostname=context.get("SET_HOSTNAME"))
+            note(action="slurmd", rc=rc, hostname=context.get("SET_HOSTNAME"), addr_at_boot=addr)
     else:
         pid = pid_of(node)
         if pid:
@@ -169,6 +180,12 @@ class E2E:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def addr_at_boot(self, node: str) -> str | None:
+        """The NodeAddr slurmctld had for `node` when its latest guest booted, before its slurmd registered
+        (so only our resume can have put it there; from 23.11 registration replaces it, see REGISTERED_FROM)."""
+        boots = [e for e in self.hook_events() if e["node"] == node and e.get("action") == "slurmd"]
+        return boots[-1].get("addr_at_boot") if boots else None
+
     def no_slurmd(self, node: str) -> None:
         """From now on, VMs of `node` run without starting slurmd (the guest never registers)."""
         (self.hook_dir / f"no-slurmd-{node}").touch()
@@ -252,7 +269,8 @@ def start_e2e(
     hook_dir.mkdir()
     hook = python_program(base / "bin" / "vm-hook", HOOK_BODY.format(
         hook_dir=str(hook_dir), record=str(hook_dir / "hooks.jsonl"), log=str(cluster.log_dir / "hooks.log"),
-        slurmd_argv=cluster.slurmd_argv("%n"), pidfile=str(cluster.slurmd_pidfile("%n"))))
+        slurmd_argv=cluster.slurmd_argv("%n"), pidfile=str(cluster.slurmd_pidfile("%n")),
+        scontrol=cluster.binaries["scontrol"], conf=str(cluster.conf)))
 
     handler = logging.FileHandler(cluster.log_dir / "simulator.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))

@@ -23,7 +23,11 @@ HOW = ("point ONE_SOURCE at a checkout of OpenNebula's repository at a release t
 
 
 class OnedUnavailable(Exception):
-    """No real oned can be started here; the message says why and how to provide one."""
+    """No real oned can be started here (no source, not built); the message says why and how to provide one."""
+
+
+class OnedFailed(Exception):
+    """The source and the build are there, but oned did not start: a real failure."""
 
 
 @dataclass
@@ -42,7 +46,9 @@ class RealOned:
         return self.root / "dummy_actions"
 
     def stop(self) -> None:
+        """Stop every process of the instance and remove its directory."""
         subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(self.root)], capture_output=True, timeout=120)
+        shutil.rmtree(self.root.parent, ignore_errors=True)
 
 
 def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1", **env: str) -> RealOned:
@@ -57,13 +63,39 @@ def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1"
                               capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(root / "one")], capture_output=True, timeout=120)
-        raise OnedUnavailable(f"oned {version} did not start within 300 s") from None
+        raise OnedFailed(f"oned {version} did not start within 300 s (log: {root / 'one' / 'var'})") from None
     last = (done.stderr.strip().splitlines() or [""])[-1]
     if done.returncode == NOT_BUILT or "no OpenNebula" in done.stderr:
         shutil.rmtree(root, ignore_errors=True)
         raise OnedUnavailable(f"oned {version}: {last.removeprefix('build.sh: ')}; {HOW}")
     if done.returncode != 0:
         subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(root / "one")], capture_output=True, timeout=120)
-        raise OnedUnavailable(f"oned {version} failed to start ({done.returncode}): {last}")
+        tail = " | ".join(done.stderr.strip().splitlines()[-6:])
+        raise OnedFailed(f"oned {version} failed to start ({done.returncode}): {tail} (log: {root / 'one' / 'var'})")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     return RealOned(version, root / "one", values["ENDPOINT"], values["AUTH"], values["ONEGATE"])
+
+
+_shared: dict[str, RealOned | OnedUnavailable] = {}
+
+
+def shared(version: str) -> RealOned:
+    """The process's one instance of `version`, started on first use (a failure to start is remembered, so it
+    is not retried for every test); stop_shared() stops them all at the end of the session."""
+    if version not in _shared:
+        try:
+            _shared[version] = start(version)
+        except OnedUnavailable as exc:
+            _shared[version] = exc
+    found = _shared[version]
+    if isinstance(found, OnedUnavailable):
+        raise found
+    return found
+
+
+def stop_shared() -> None:
+    """Stop every instance shared() started."""
+    while _shared:
+        _, found = _shared.popitem()
+        if isinstance(found, RealOned):
+            found.stop()

@@ -86,6 +86,23 @@ def find_binaries() -> dict[str, str]:
     return {n: p for n, p in found.items() if p is not None}
 
 
+def slurm_version(binaries: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(major, minor) of the Slurm under test, from `slurmctld -V` (which, unlike scontrol, needs no config)."""
+    slurmctld = (binaries or find_binaries())["slurmctld"]
+    out = subprocess.run([slurmctld, "-V"], capture_output=True, text=True, timeout=10, check=False).stdout
+    match = re.search(r"(\d+)\.(\d+)", out)
+    if not match:
+        raise SlurmUnavailable(f"cannot read the Slurm version from `{slurmctld} -V`: {out!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+# From 23.11 (cloud_reg_addrs made the default) a CLOUD node's NodeAddr and NodeHostName become, when its
+# slurmd registers, the address the registration came from and the hostname slurmd reports. A real VM
+# registers from its own address (the one resume set); here every slurmd connects over loopback, so every
+# node ends up with this address (and this machine's hostname).
+REGISTERED_FROM = "127.0.0.1"
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """`count` distinct TCP ports free right now on `host` (all held open together, then released)."""
     socks = []
@@ -244,6 +261,7 @@ class SlurmCluster:
     extra_logs: dict[str, Path] = field(default_factory=dict)
     _log_marks: dict[Path, int] = field(default_factory=dict, repr=False)
     _started: bool = field(default=False, repr=False)
+    _version: tuple[int, int] | None = field(default=None, repr=False)
 
     live: ClassVar[set[SlurmCluster]] = set()  # clusters started and not yet stopped (for log reports)
 
@@ -279,6 +297,18 @@ class SlurmCluster:
     def slurmd_pidfile(self, node: str) -> Path:
         """Pid file slurmd writes for `node` (SlurmdPidFile=.../slurmd-%n.pid)."""
         return self.run_dir / f"slurmd-{node}.pid"
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """(major, minor) of this cluster's Slurm."""
+        if self._version is None:
+            self._version = slurm_version(self.binaries)
+        return self._version
+
+    def registered_addr(self, addr: str) -> str:
+        """The NodeAddr slurmctld shows once a node's slurmd has registered, when resume had set `addr`:
+        `addr` before 23.11, from 23.11 the registration's source address (REGISTERED_FROM here)."""
+        return addr if self.version < (23, 11) else REGISTERED_FROM
 
     def slurmd_argv(self, node: str) -> list[str]:
         """Command that boots `node`: slurmd reporting a fresh boot time (-b), as a hook would run it."""
@@ -398,6 +428,10 @@ class SlurmCluster:
             for pid in self._pids_with_env(marker):
                 stop_pid(pid, timeout=2)
             self._stop_pidfile(self.run_dir / "munged.pid", "munged")
+            # 24.11 and 26.05's slurmstepd (a batch step whose slurmd is gone) carries the job's environment,
+            # not SLURM_CONF, and outlives SIGTERM: find what still works in this directory.
+            for pid in self._pids_under(self.base):
+                stop_pid(pid, timeout=2)
         finally:
             SlurmCluster.live.discard(self)
 
@@ -605,6 +639,22 @@ while nodes and time.monotonic() < deadline:
         except OSError:
             return
         stop_pid(pid, timeout=self.timeout / 3)
+
+    @staticmethod
+    def _pids_under(base: Path) -> list[int]:
+        """Processes other than this one whose working directory or an open file is under `base`."""
+        me, prefix = os.getpid(), f"{base}/"
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            try:
+                links = [os.readlink(entry / "cwd"), *(os.readlink(fd) for fd in (entry / "fd").iterdir())]
+            except OSError:
+                continue
+            if any(link.startswith(prefix) for link in links):
+                pids.append(int(entry.name))
+        return pids
 
     def _pids_with_env(self, marker: bytes) -> list[int]:
         me = os.getpid()

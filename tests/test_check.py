@@ -299,7 +299,8 @@ class _HostsRefused(OneCloud):
 
 
 def test_an_unreadable_host_pool_is_a_warning(site) -> None:
-    from slurm_nebula_power.checks import WARNING, run_checks
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import WARNING
 
     report = run_checks(None, site.env, lambda config: _HostsRefused(config.opennebula, retry_seconds=0))
     [found] = [f for f in report.findings if f.subject == "OpenNebula host pool"]
@@ -309,7 +310,8 @@ def test_an_unreadable_host_pool_is_a_warning(site) -> None:
 
 
 def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:
-    from slurm_nebula_power.checks import OK, run_checks
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import OK
 
     report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
     [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
@@ -320,7 +322,8 @@ def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:
 
 
 def test_max_pending_above_the_stock_dispatch_limit_is_a_warning(site) -> None:
-    from slurm_nebula_power.checks import WARNING, run_checks
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import WARNING
 
     edit(site.config, "max_parallel = 8\n", "max_parallel = 8\nmax_pending = 100\n")
     report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
@@ -331,7 +334,8 @@ def test_max_pending_above_the_stock_dispatch_limit_is_a_warning(site) -> None:
 
 
 def test_max_parallel_at_oned_stock_max_conn_is_a_warning(site) -> None:
-    from slurm_nebula_power.checks import WARNING, run_checks
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import WARNING
 
     subject = "[opennebula] max_parallel"
     report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))

@@ -14,30 +14,15 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Callable, Iterator
 
 import pytest
-from e2e_support import DONE, E2E, RESUME, SUSPEND, Durations, Stopwatch, job_script, start_e2e
+from e2e_support import DONE, E2E, RESUME, SUSPEND, Durations, Stopwatch, job_script
 
 pytestmark = pytest.mark.slurm
 
 NODES = ("gpu01", "gpu02")
 GPU_TEMPLATE_ID = "0"  # the simulator's slurm-gpu-worker
 
-
-@pytest.fixture
-def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
-    """Start a deployment: `e2e(hosts=1, gpus_per_host=1, boot_timeout=6, **cluster_settings)`."""
-    made: list[E2E] = []
-
-    def make(**kw) -> E2E:
-        env = start_e2e(slurm_factory, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
 
 
 def measure(what: str, seconds: float) -> None:
@@ -75,7 +60,8 @@ def run_full_cycle(env: E2E, label: str) -> tuple[int, dict[str, object]]:
         assert vm.template["TEMPLATE_ID"] == GPU_TEMPLATE_ID, "a VM of the GPU template"
         assert vm.pci, "holding a GPU"
         assert vm.ip and vm.ip.startswith("127.0.1.")
-        assert c.node_info(node)["NodeAddr"] == vm.ip  # only our update can have put it there
+        assert env.addr_at_boot(node) == vm.ip  # before slurmd registered: only our update can have put it there
+        assert c.node_info(node)["NodeAddr"] == c.registered_addr(vm.ip)
         vms[node] = vm
     assert env.gpus_free() == env.gpus_total() - 2
     c.wait_job(job, ["COMPLETED"], timeout=30)
@@ -177,7 +163,8 @@ def test_4a_boot_failure_is_recreated_and_the_job_runs(e2e) -> None:
     assert c.job_info(job)["Restarts"] == "0"  # recovered inside the resume: no requeue
     old, new = env.vms_of("gpu01")
     assert old.id == first.id and old.state == DONE and not old.pci  # terminated, its GPU freed
-    assert new.state_str == "RUNNING" and c.node_info("gpu01")["NodeAddr"] == new.ip
+    assert new.state_str == "RUNNING" and env.addr_at_boot("gpu01") == new.ip
+    assert c.node_info("gpu01")["NodeAddr"] == c.registered_addr(new.ip)
     assert "recreating" in env.program_log_text()
     # The job may finish before resume's next look at the recreated VM: wait for its summary.
     env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
@@ -270,7 +257,8 @@ def test_7_by_hand_resume_brings_the_node_up_and_suspend_takes_it_down(e2e) -> N
     assert vm.state_str == "RUNNING" and vm.user_template["SLURM_NODENAME"] == "gpu01"
     assert "SLURM_JOB_IDS" not in vm.user_template  # no SLURM_RESUME_FILE by hand
     env.wait(lambda: c.node_state("gpu01") == "IDLE+CLOUD", 15, "gpu01 registered and powered up")
-    assert c.node_info("gpu01")["NodeAddr"] == vm.ip
+    assert env.addr_at_boot("gpu01") == vm.ip
+    assert c.node_info("gpu01")["NodeAddr"] == c.registered_addr(vm.ip)
     job = c.sbatch(script=job_script(), nodes=1)
     c.wait_job(job, ["COMPLETED"], timeout=30)
     assert c.job_output(job).split() == ["gpu01"]

@@ -8,10 +8,9 @@ seconds" cannot be the old path (a PENDING VM given up at boot_timeout). Measure
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
 
 import pytest
-from e2e_support import DONE, E2E, Stopwatch, job_script, start_e2e
+from e2e_support import DONE, E2E, Stopwatch, job_script
 
 from opennebula_sim import HostSpec
 from opennebula_sim.config import default_pci
@@ -21,19 +20,6 @@ pytestmark = pytest.mark.slurm
 BOOT_TIMEOUT = 300
 FOUR = ("gpu01", "gpu02", "gpu03", "gpu04")
 
-
-@pytest.fixture
-def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
-    made: list[E2E] = []
-
-    def make(**kw) -> E2E:
-        env = start_e2e(slurm_factory, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
 
 
 def summaries(env: E2E, program: str) -> list[str]:
@@ -106,7 +92,8 @@ def test_on_22_05_a_shortage_makes_no_vm_churn_during_the_cooldown(e2e) -> None:
     job = c.sbatch(script=job_script(), nodes=1)
     env.wait(lambda: c.job_info(job).get("Restarts") == "1", 30, "job requeued at pending_timeout")
     print(f"\nE2E-TIME unplaceable VM: sbatch -> requeued {clock():.1f} s (pending_timeout 2 s)")
-    first = summaries(env, "slurm-nebula-resume")
+    # The job is requeued by the hand-back; resume's summary line follows a moment later.
+    first = env.wait(lambda: summaries(env, "slurm-nebula-resume"), 30, "resume's summary")
     assert len(first) == 1 and "not placed within pending_timeout 2s although 1 free" in \
         first[0], first
     [vm] = env.sim.vms()

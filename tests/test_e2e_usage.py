@@ -9,11 +9,10 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import E2E, job_script, start_e2e
+from e2e_support import E2E, job_script
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slurm
@@ -21,19 +20,6 @@ pytestmark = pytest.mark.slurm
 POWER = Path(sys.executable).parent / "slurm-nebula-power"
 NODES = ("gpu01", "gpu02")
 
-
-@pytest.fixture
-def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
-    made: list[E2E] = []
-
-    def make(**kw) -> E2E:
-        env = start_e2e(slurm_factory, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
 
 
 def summaries(env: E2E) -> list[tuple[str, int, int, int]]:

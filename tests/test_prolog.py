@@ -477,6 +477,7 @@ def test_real_job_requeued_while_its_nodes_boot_is_let_go_and_starts_again(slurm
     cluster.scontrol("requeue", str(job))
     cluster.wait_for(lambda: f"job {job}: job is PENDING, no longer waiting" in log.read_text(), 10,
                      "the prolog letting go of the requeued job")
-    # Allocated again (its old prolog no longer holds it): a second prolog waits for its node.
-    cluster.wait_for(lambda: log.read_text().count(f"job {job}: waiting for cloud1") == 2, 10,
-                     "the job allocated again")
+    # Allocated again (its old prolog no longer holds it): a second prolog waits for its node. From 23.02
+    # (seen on 24.11 and 26.05) a requeued job waits cred_expire (BeginTime) first; 22.05 took 2 s.
+    cluster.wait_for(lambda: log.read_text().count(f"job {job}: waiting for cloud1") == 2,
+                     (cluster.cred_expire or 120) + 10, "the job allocated again")

@@ -90,8 +90,11 @@ def test_resume_and_suspend_of_several_nodes(oned, site) -> None:
     assert done.returncode == EXIT_OK, site.log_text()[-3000:]
     vms = {node: ours(oned, node) for node in ("gpu01", "gpu02", "gpu03", "cpu01")}
     assert all(len(v) == 1 and v[0].running for v in vms.values()), vms
-    [addresses] = [u for u in site.updates() if any(s.startswith("NodeAddr=") for s in u)]
-    assert addresses[1] == "NodeAddr=" + ",".join(vms[n][0].ip for n in ("cpu01", "gpu01", "gpu02", "gpu03"))
+    told = {}  # node -> the NodeAddr resume gave slurmctld (in one or more batched updates)
+    for update in (u for u in site.updates() if any(s.startswith("NodeAddr=") for s in u)):
+        names, addrs = update[0].removeprefix("NodeName=").split(","), update[1].removeprefix("NodeAddr=").split(",")
+        told.update(zip(names, addrs, strict=True))
+    assert told == {node: vm[0].ip for node, vm in vms.items()}
     assert sorted(gpu_holders(oned).values()) == sorted(vms[n][0].id for n in ("gpu01", "gpu02", "gpu03"))
     # The VMs carry the identity where a guest cannot write it, and the tags.
     assert vms["gpu01"][0].context["SLURM_CLUSTER"] == "testcluster"
@@ -101,16 +104,35 @@ def test_resume_and_suspend_of_several_nodes(oned, site) -> None:
     assert cpu.state_name == "UNDEPLOYED", "the cpu node set's suspend_action"
 
 
-def test_a_gpu_shortage_hands_the_node_without_one_back(oned, site) -> None:
-    # 4 hosts x 1 GPU: the fifth node's VM stays PENDING with the scheduler's message.
+def test_a_gpu_shortage_hands_the_node_without_one_back_before_any_vm(oned, site) -> None:
+    # 4 hosts x 1 GPU, 5 nodes: the GPU count from the host pool hands the fifth back at once, no VM made.
     done = run_program(site, "resume", GPU_NODES, guard=180)
     assert done.returncode == EXIT_NODES_FAILED
     handbacks = [u for u in site.updates() if "State=POWER_DOWN_FORCE" in u]
     assert len(handbacks) == 1 and len(handbacks[0][0].removeprefix("NodeName=").split(",")) == 1
-    assert "no host with a free GPU (VM PENDING past boot_timeout)" in handbacks[0][2]
-    running = [vm for vm in pool(oned) if vm.running]
-    assert len(running) == 4 and len(gpu_holders(oned)) == 4
-    assert len(pool(oned)) == 4, "the PENDING VM of the node handed back was removed"
+    assert "GPUs 10de:0302, 4 free" in handbacks[0][2], handbacks
+    assert len(pool(oned)) == 4 and all(vm.running for vm in pool(oned)) and len(gpu_holders(oned)) == 4
+
+
+def test_a_vm_oned_cannot_place_is_handed_back_at_pending_timeout(oned, site) -> None:
+    # The GPU count says yes (4 free), but no host has the memory: the VM stays PENDING with oned's
+    # SCHED_MESSAGE, and pending_timeout hands the node back long before boot_timeout.
+    one = pyone.OneServer(oned.endpoint, session=oned.auth)
+    huge = one.template.allocate('NAME="too-big-gpu"\nCPU="1"\nVCPU="1"\nMEMORY="100000000"\n'
+                                 'PCI=[VENDOR="10de",CLASS="0302"]\nNIC=[NETWORK="slurm-net"]\n')
+    try:
+        text = site.config.read_text().replace('template = "slurm-gpu-worker"\nboot_timeout = 20\n',
+                                               'template = "too-big-gpu"\nboot_timeout = 300\npending_timeout = 8\n')
+        site.config.write_text(text)
+        done = run_program(site, "resume", "gpu01", guard=120)
+        assert done.returncode == EXIT_NODES_FAILED
+        [handback] = [u for u in site.updates() if "State=POWER_DOWN_FORCE" in u]
+        assert handback[0] == "NodeName=gpu01"
+        assert "not placed within pending_timeout 8s although 4 free" in handback[2], handback
+        wait(lambda: not pool(oned), 30, "the PENDING VM removed")
+    finally:
+        wipe(oned)
+        one.template.delete(huge, False)
 
 
 def test_a_failed_boot_is_recreated_then_handed_back_and_nothing_is_left(oned, site) -> None:

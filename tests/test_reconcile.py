@@ -95,12 +95,13 @@ def test_node_up_whose_vm_failed_has_it_terminated_and_is_handed_back(sim, site,
     assert update[2] == "Reason=nebula: reconcile: VM failed (ACTIVE/BOOT_FAILURE)"
 
 
-def test_newer_slurm_hands_back_with_down_and_resume_after(sim, site, capsys) -> None:
-    site.set_version("slurm 23.11.6")
+def test_newer_slurm_hands_back_with_power_down_force_too(sim, site, capsys) -> None:
+    # DOWN+ResumeAfter would leave a POWERING_UP node unusable until ResumeTimeout, then DOWN for good.
+    site.set_version("slurm 24.11.5")
     site.set_nodes(show("gpu02 State=IDLE+CLOUD"))
     run(site, capsys)
-    assert site.updates() == [["NodeName=gpu02", "State=DOWN", "Reason=nebula: reconcile: its VM is gone",
-                               "ResumeAfter=60"]]
+    assert site.updates() == [["NodeName=gpu02", "State=POWER_DOWN_FORCE",
+                               "Reason=nebula: reconcile: its VM is gone"]]
 
 
 def test_vm_pending_past_boot_timeout_is_terminated_and_node_handed_back(tmp_path, capsys) -> None:
@@ -210,7 +211,7 @@ def test_reconcile_against_the_real_controller(sim, tmp_path, slurm_factory, cap
                    "gpu02: node up in Slurm but it has no VM -> hand back to Slurm: done"]
     assert sim.vm(orphan).state == DONE
     assert (sim.vm(foreign).state, sim.vm(foreign).lcm_state) == RUNNING
-    # 22.05: POWER_DOWN_FORCE powers the node down at once (SuspendProgram runs for it).
+    # POWER_DOWN_FORCE powers the node down at once (SuspendProgram runs for it), on every release.
     state = cluster.wait_until(lambda: cluster.node_state("gpu02"), lambda s: "POWER" in s, 30, "gpu02 down")
     assert "POWER_DOWN" in state or "POWERING_DOWN" in state or "POWERED_DOWN" in state
     assert cluster.node_state("gpu01") == "IDLE+CLOUD+POWERED_DOWN", "a powered-down node is left as it is"

@@ -121,7 +121,7 @@ def wrong_password(sim: Any, setup: Any) -> None:
     (setup.root / "one_auth").write_text("oneadmin:Wr0ng-pass\n")
 
 
-QUOTA = r"Limit of \d+ reached for RUNNING_VMS quota"
+QUOTA = r"limit of \d+ reached for RUNNING_VMS quota"  # oned: "user [0] limit of 0 reached for ... quota in VM"
 STILL_RUNNING = r"VM \d+ still ACTIVE/RUNNING after \d+s"
 CASES = [
     *(hostlist(text, ("reconcile",)) for text in BAD_HOSTLISTS),  # test_cli.py: the other three programs

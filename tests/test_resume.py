@@ -168,7 +168,7 @@ def test_node_outside_every_nodeset_is_refused_the_rest_proceed(sim, setup) -> N
     assert "other7 is in no [[nodeset]]" in setup.log_text()
 
 
-def test_newer_slurm_hands_back_with_resume_after(tmp_path) -> None:
+def test_newer_slurm_hands_back_with_power_down_force_too(tmp_path) -> None:
     from simfixtures import fast_config
 
     from opennebula_sim import running_simulator
@@ -178,8 +178,8 @@ def test_newer_slurm_hands_back_with_resume_after(tmp_path) -> None:
         setup.set_version("slurm 23.11.4")
         sim.set_faults(boot_failure_rate=1.0)
         assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
-        [handback] = [u for u in setup.updates() if "State=DOWN" in u]
-        assert handback[0] == "NodeName=gpu01" and "ResumeAfter=60" in handback
+        [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
+        assert handback[0] == "NodeName=gpu01" and not [a for a in handback if a.startswith("ResumeAfter")]
 
 
 def test_slurm_23_11_records_the_vm_id_as_instance_id(sim, setup) -> None:

@@ -38,7 +38,7 @@ def test_template_refuses_to_write_the_munge_key_to_a_file_others_can_read(tmp_p
 
 
 def test_no_core_dump_and_no_ptrace_by_others_of_our_uid() -> None:
-    code = ("import ctypes, resource; from slurm_nebula_power.cli.common import process_hygiene; "
+    code = ("import ctypes, resource; from slurm_nebula_power.cli.process import process_hygiene; "
             "process_hygiene(); libc = ctypes.CDLL(None); "
             "print(resource.getrlimit(resource.RLIMIT_CORE), libc.prctl(3, 0, 0, 0, 0))")  # 3: PR_GET_DUMPABLE
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -174,7 +174,7 @@ def test_64_clients_are_served_in_parallel(sim: Simulator) -> None:
 
 
 def test_slow_calls_overlap(sim: Simulator) -> None:
-    sim.set_faults(latency_ms=500)
+    sim.set_faults(latency_ms=2000)  # long enough for 64 threads to start on a loaded machine
     threads, answers = _clients(sim, 64)
     for thread in threads:
         thread.join(60)

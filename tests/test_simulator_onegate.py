@@ -183,3 +183,33 @@ def test_resume_hands_back_a_node_whose_guest_never_reports_ready(tmp_path: Path
     [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
     assert handback[0] == "NodeName=gpu01"
     assert "READY=YES" in " ".join(handback)
+
+
+@pytest.mark.parametrize(("body", "stored"), [
+    ("READY=YES", {"READY": "YES"}),  # what the worker sends
+    ("NOTE=two words", {"NOTE": "two words"}),  # onegate-server quotes bare values
+    ("CONTEXT=[A=b]\nX=1", {"CONTEXT": {"A": "b"}, "X": "1"}),  # the stray quote after ] is ignored, as oned does
+])
+def test_put_vm_body_is_escaped_as_onegate_server_does(sim, body, stored) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one)
+    assert _put(sim.endpoint.removesuffix("/RPC2"), vm_id, _token(sim, vm_id), body) == (200, "")
+    user = sim.vm(vm_id).user_template
+    assert {k: user[k] for k in stored} == stored
+
+
+@pytest.mark.parametrize("body", ['READY = "YES"', "NOTE=a, b"])
+def test_put_vm_bodies_the_escaping_breaks(sim, body) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one)
+    code, text = _put(sim.endpoint.removesuffix("/RPC2"), vm_id, _token(sim, vm_id), body)
+    assert code == 500 and text.startswith("[one.vm.update] Cannot update template.")
+
+
+def test_put_vm_of_a_restricted_attribute_is_403(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one)
+    endpoint = sim.endpoint.removesuffix("/RPC2")
+    answer = _put(endpoint, vm_id, _token(sim, vm_id), "SERVICE_ID=3")
+    assert answer == (403, "Attribute (SERVICE_ID) cannot be modified")
+    assert "SERVICE_ID" not in sim.vm(vm_id).user_template

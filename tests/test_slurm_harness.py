@@ -45,7 +45,9 @@ def test_job_boots_cloud_nodes_through_resume_program_and_completes(slurm_factor
     calls = [r for r in cluster.read_jsonl(record) if r["event"] == "call"]
     assert [c["argv"] for c in calls] == [["cloud[1-2]"]]
     assert sorted(cluster.job_output(job).split()) == ["cloud1", "cloud2"]
-    assert cluster.node_info("cloud2")["NodeAddr"] == "127.0.1.2"
+    [update] = [r for r in cluster.read_jsonl(record) if r["event"] == "scontrol"]
+    assert update["rc"] == 0 and "NodeAddr=127.0.1.1,127.0.1.2" in update["args"]
+    assert cluster.node_info("cloud2")["NodeAddr"] == cluster.registered_addr("127.0.1.2")
 
 
 @pytest.mark.slurm

@@ -167,13 +167,18 @@ def site_factory(slurm_factory, tmp_path) -> Iterator:
     yield make
     for context, vms in sims:
         context.__exit__(None, None, None)
-        for pidfile in vms.glob("vm-*/run/munge/munged.pid"):  # the VMs' munged (slurmd: the harness)
-            try:
-                pid = int(pidfile.read_text())
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "munged":
-                    stop_pid(pid)
-            except (OSError, ValueError):
-                pass
+        stop_vm_daemons(vms)
+
+
+def stop_vm_daemons(vms: Path) -> None:
+    """Stop the booted VMs' munged (their slurmd belong to the harness, which stops them)."""
+    for pidfile in vms.glob("vm-*/run/munge/munged.pid"):
+        try:
+            pid = int(pidfile.read_text())
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "munged":
+                stop_pid(pid)
+        except (OSError, ValueError):
+            pass
 
 
 def cmdline(pid: int) -> list[str]:
@@ -203,8 +208,13 @@ def test_nodes_boot_through_the_worker_and_a_job_runs(site_factory) -> None:
         assert vm.user_template["READY"] == "YES"  # through the simulator's OneGate
         pid = int(cluster.slurmd_pidfile(node).read_text())
         argv = cmdline(pid)  # configless: the node name from CONTEXT, the controller, no slurm.conf
-        assert argv[1:] == ["-N", node, "--conf-server", controller_address(cluster), "-b"]
-        assert cluster.node_info(node)["NodeAddr"] == vm.ip
+        instance = ["--instance-id", str(vm.id), "--instance-type", "opennebula"] if cluster.version >= (23, 11) \
+            else []
+        assert argv[1:] == ["-N", node, "--conf-server", controller_address(cluster), *instance, "-b"]
+        info = cluster.node_info(node)
+        assert info["NodeAddr"] == cluster.registered_addr(vm.ip)
+        if instance:  # 23.11 to 25.11 take slurmd's, 26.05 keeps resume's: the VM's id either way
+            assert (info.get("InstanceId"), info.get("InstanceType")) == (str(vm.id), "opennebula"), info
 
 
 def test_a_missing_munge_key_fails_visibly_and_the_node_is_handed_back(site_factory) -> None:

@@ -50,8 +50,9 @@ class Run:
     root: Path
 
     def args(self, name: str) -> list[str]:
+        """Each call's arguments, but for `slurmd --help` (the worker's check for --instance-id)."""
         path = self.root / "stubs" / f"{name}.args"
-        return path.read_text().splitlines() if path.exists() else []
+        return [a for a in path.read_text().splitlines() if a != "--help"] if path.exists() else []
 
     def env(self, name: str) -> str:
         return (self.root / "stubs" / f"{name}.env").read_text()
@@ -313,6 +314,17 @@ def test_the_onegate_command_is_used_when_installed(worker: Worker) -> None:
     run = worker.run(str(worker.context_file(**full_context())),
                      env={"WORKER_ONEGATE": str(worker.stubs / "onegate")})
     assert run.code == 0 and run.args("onegate") == ["vm update --data READY=YES"] and run.args("curl") == []
+
+
+def test_a_slurmd_that_knows_instance_id_is_given_the_vm_id(worker: Worker) -> None:
+    # 23.11+ lists --instance-id in `slurmd --help`: the VM's id then reaches slurmctld at registration.
+    worker.stub("slurmd", extra='[ "$1" = --help ] && echo "  --instance-id=id  cloud instance id"')
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 0, run.stderr
+    assert run.args("slurmd") == ["-N gpu01 --conf-server ctl.example:6817 --instance-id 7 "
+                                  "--instance-type opennebula -b"]
+    run = worker.run(str(worker.context_file(**full_context(VMID="7 -x"))))  # not a VM id: left out
+    assert run.args("slurmd")[-1] == "-N gpu01 --conf-server ctl.example:6817 -b"
 
 
 def test_systemd_mode_restarts_munge_and_runs_slurmd_in_a_unit_of_its_own(worker: Worker) -> None:

@@ -9,8 +9,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
-from ..checks import OK, WARNING, run_checks
+from ..checks import run_checks
 from ..errors import EXIT_NODES_FAILED, EXIT_OK
+from ..findings import OK, WARNING
 from .common import make_parser, open_cloud, parse, quiet_logging
 
 

@@ -3,59 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import logging
 import os
 import pwd
-import resource
-import signal
 import sys
 import syslog
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .. import __version__
 from ..audit import AuditLog
 from ..config import Config, find_config, load_config
-from ..errors import EXIT_USAGE, ConfigError
+from ..errors import ConfigError
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
 from ..operation import Cloud, Context, Outcome
 from ..records import reason_category
 from ..slurm import SlurmControl, scontrol_for
 from ..slurmconf import read_slurm_conf
+from .args import make_parser as make_parser
+from .args import parse as parse
 
 log = logging.getLogger("slurm_nebula_power")
 LOG_FORMAT = "%(asctime)s %(prog)s[%(process)d] %(levelname)s %(message)s"
-PR_SET_DUMPABLE = 4  # <linux/prctl.h>
-
-
-def process_hygiene() -> None:
-    """slurmctld starts us with fds 0-2 closed and signals blocked: reopen and unblock first thing."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
-    if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)  # fd 1 lives as long as the process
-    if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, signal.valid_signals())
-    no_core_dumps()
-
-
-def no_core_dumps() -> None:
-    """A core dump of a running program would hold the OpenNebula session: none, and no ptrace by others
-    of our uid either (prctl PR_SET_DUMPABLE 0)."""
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 class OneLineFormatter(logging.Formatter):
@@ -132,23 +101,6 @@ def report_error(prog: str, message: str, quiet: bool = False) -> None:
         syslog.syslog(syslog.LOG_ERR, message)
     except OSError:
         pass
-
-
-def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """An argument parser with the options every program shares (--version, --config)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--config", metavar="PATH", help="configuration file (default: $SLURM_NEBULA_POWER_CONFIG, "
-                        "nebula-power.toml beside $SLURM_CONF, /etc/slurm/nebula-power.toml)")
-    return parser
-
-
-def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
-    """Parse argv; on --help/--version/usage errors return the exit code instead of exiting."""
-    try:
-        return parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
 def load(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:

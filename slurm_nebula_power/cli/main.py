@@ -7,11 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 from .. import __version__
 from ..errors import EXIT_OK, EXIT_USAGE
-from . import check, prolog, reconcile, slurm_conf, status, template, usage
-from .common import process_hygiene
 from .power import resume_fail_main, resume_main, suspend_main
+from .process import process_hygiene
 
 
+# Each command is imported when it runs: `slurm-nebula-power --help` and `--version` load none of them.
 def _simulator(argv: list[str]) -> int:
     from opennebula_sim.cli import main  # only this command and demo load the simulator
 
@@ -24,16 +24,56 @@ def _demo(argv: list[str]) -> int:
     return demo.main(argv)
 
 
+def _status(argv: list[str]) -> int:
+    from . import status
+
+    return status.main(argv)
+
+
+def _check(argv: list[str]) -> int:
+    from . import check
+
+    return check.main(argv)
+
+
+def _reconcile(argv: list[str]) -> int:
+    from . import reconcile
+
+    return reconcile.main(argv)
+
+
+def _slurm_conf(argv: list[str]) -> int:
+    from . import slurm_conf
+
+    return slurm_conf.main(argv)
+
+
+def _template(argv: list[str]) -> int:
+    from . import template
+
+    return template.main(argv)
+
+
+def _usage(argv: list[str]) -> int:
+    from . import usage
+
+    return usage.main(argv)
+
+
+def _prolog(argv: list[str]) -> int:
+    return prolog_main(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "simulator": (_simulator, "run the OpenNebula simulator (XML-RPC over HTTP)"),
     "demo": (_demo, "resume and suspend gpu[01-04] on the embedded simulator, no Slurm"),
-    "status": (status.main, "per node: Slurm state, VM, IP, host, age and what is wrong"),
-    "check": (check.main, "find configuration, credential, template and slurm.conf problems"),
-    "reconcile": (reconcile.main, "repair drift: orphan VMs, vanished VMs, stuck boots"),
-    "usage": (usage.main, "GPU-hours and VM-hours by job, node set, host or day, from the usage records"),
-    "slurm-conf": (slurm_conf.main, "print slurm.conf lines derived from the templates"),
-    "template": (template.main, "print a node set's VM template for onetemplate create"),
-    "prolog-wait": (prolog.main, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
+    "status": (_status, "per node: Slurm state, VM, IP, host, age and what is wrong"),
+    "check": (_check, "find configuration, credential, template and slurm.conf problems"),
+    "reconcile": (_reconcile, "repair drift: orphan VMs, vanished VMs, stuck boots"),
+    "slurm-conf": (_slurm_conf, "print slurm.conf lines derived from the templates"),
+    "template": (_template, "print a node set's VM template for onetemplate create"),
+    "usage": (_usage, "GPU-hours and VM-hours by job, node set, host or day, from the usage records"),
+    "prolog-wait": (_prolog, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
 }
 
 
@@ -59,6 +99,8 @@ def power_main(argv: Sequence[str] | None = None) -> int:
 
 def prolog_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """PrologSlurmctld: return once the job's cloud nodes are up, so it starts without Slurm's 30 s wait."""
+    from . import prolog  # its own modules only (no pyone: it starts in about 0.1 s)
+
     return prolog.main(argv, environ)
 
 

@@ -1,153 +1,43 @@
-"""The three power-saving programs slurmctld runs: slurm-nebula-resume, -suspend and -resume-fail."""
+"""The three power-saving programs slurmctld runs: slurm-nebula-resume, -suspend and -resume-fail.
+
+This module parses the command line only; the run itself (cli/powerrun.py) is imported once the arguments
+are good, so `--help` and `--version` stay as quick as a bare interpreter (slurmctld runs these often).
+"""
 
 from __future__ import annotations
 
-import logging
-import os
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from ..config import Config
-from ..errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, ConfigError, PowerError
-from ..hostlists import expand, fold
-from ..locks import NodeLocks
-from ..operation import Context, Outcome
-from ..operation import hand_back as _hand_back
-from ..resume import resume
-from ..slurm import jobs_from_resume_file
-from ..suspend import power_down
-from .common import (
-    audit_log,
-    build_context,
-    load,
-    make_parser,
-    parse,
-    publish_metrics,
-    report_error,
-    run_figures,
-    service_owner,
-    setup_logging,
-)
-
-log = logging.getLogger(__name__)
-
-Operation = Callable[[Context, list[str], dict[str, list[int]]], Outcome]
+from .args import make_parser, parse
 
 
-def _power_program(prog: str, description: str, operation: Operation, argv: Sequence[str] | None,
-                   environ: Mapping[str, str] | None, detachable: bool = False) -> int:
-    env = os.environ if environ is None else environ
+def _power_program(prog: str, description: str, operation: str, argv: Sequence[str] | None,
+                   environ: Mapping[str, str] | None) -> int:
     parser = make_parser(prog, description)
     parser.add_argument("hostlist", help="Slurm hostlist expression, e.g. gpu[01-04]")
     args = parse(parser, argv)
     if isinstance(args, int):
         return args
-    jobs = jobs_from_resume_file(env) if detachable else {}  # the memfd vanishes when we exit: read it first
-    try:
-        config = load(args, env)
-        setup_logging(prog, config)
-        nodes = expand(args.hostlist)
-    except PowerError as exc:
-        report_error(prog, str(exc))
-        return exc.exit_code
-    if detachable and config.power.detach and _detach():
-        log.info("detached: %s continues in the background", args.hostlist)
-        return EXIT_OK
-    return _run_locked(prog, config, env, nodes, jobs, operation, args.hostlist, hands_back=detachable)
+    from .powerrun import run  # the whole library: only past --help and --version
 
-
-def _detach() -> bool:
-    """Fork; True in the parent (which returns to slurmctld), False in the detached child."""
-    if os.fork() > 0:
-        return True
-    os.setsid()
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    return False
-
-
-def _run_locked(prog: str, config: Config, environ: Mapping[str, str], nodes: list[str],
-                jobs: dict[str, list[int]], operation: Operation, expression: str, hands_back: bool) -> int:
-    start = time.monotonic()
-    wait = max(ns.boot_timeout for ns in config.nodesets) + config.power.suspend_timeout
-    program = prog.removeprefix("slurm-nebula-")
-    recorder = audit_log(config, program)
-    context: Context | None = None
-    outcome: Outcome | None = None
-    result = "error"
-    try:
-        context = build_context(config, environ, recorder=recorder)
-        with NodeLocks(config.power.lock_dir, nodes, wait, owner=service_owner(config)) as locks:
-            if locks.busy:
-                log.error("%s: still locked by another run after %.0fs, left to it", fold(locks.busy), wait)
-            for node, why in locks.unavailable.items():
-                log.error("node=%s: lock unavailable: %s", node, why)
-            outcome = operation(context, locks.held, jobs)
-            _unlocked(context, outcome, locks, hands_back)
-        result = "failed" if outcome.failed else "ok"
-    except PowerError as exc:
-        report_error(prog, str(exc))
-        if hands_back and context is not None and isinstance(exc, ConfigError):  # the lock directory
-            _hand_back(context, Outcome(), nodes, "cannot lock: see the nebula-power log")
-        return exc.exit_code
-    except Exception:
-        log.exception("%s %s: internal error", prog, expression)
-        return EXIT_INTERNAL
-    finally:
-        recorder.close()
-        publish_metrics(config, run_figures(config, program, outcome, recorder,
-                                            context.cloud if context else None, time.monotonic() - start, result))
-    assert outcome is not None and context is not None
-    stats = context.cloud.stats  # type: ignore[attr-defined]
-    log.info("summary: %s %s: %s in %.1fs, %d API calls, %d retries", prog, expression, outcome.describe(),
-             time.monotonic() - start, stats.calls, stats.retries)
-    return EXIT_NODES_FAILED if outcome.failed else EXIT_OK
-
-
-def _unlocked(context: Context, outcome: Outcome, locks: NodeLocks, hands_back: bool) -> None:
-    """Nodes this run could not lock fail; resume hands them back, so no job waits for ResumeTimeout."""
-    groups = [(locks.busy, "busy: another run holds its lock"),
-              (list(locks.unavailable), "lock unavailable: see the nebula-power log")]
-    for nodes, reason in groups:
-        if not nodes:
-            continue
-        if hands_back:
-            _hand_back(context, outcome, nodes, reason)
-        else:
-            for node in nodes:
-                outcome.fail(node, reason)
-
-
-def _resume_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:
-    return resume(ctx, nodes, jobs)
-
-
-def _suspend_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:
-    return power_down(ctx, nodes, "suspend", force=False)
-
-
-def _resume_fail_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:
-    return power_down(ctx, nodes, "resume failed: node never registered with slurmctld", force=True)
+    return run(prog, operation, args, environ)
 
 
 def resume_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """ResumeProgram: create, resume or recreate the VMs of the given nodes."""
     return _power_program("slurm-nebula-resume", "Slurm ResumeProgram for OpenNebula: boot the VMs of "
-                          "these nodes and tell slurmctld their addresses.", _resume_op, argv, environ,
-                          detachable=True)
+                          "these nodes and tell slurmctld their addresses.", "resume", argv, environ)
 
 
 def suspend_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """SuspendProgram: power the nodes' VMs down with their node set's suspend_action."""
     return _power_program("slurm-nebula-suspend", "Slurm SuspendProgram for OpenNebula: power these "
-                          "nodes' VMs down (terminate by default, which frees their GPUs).", _suspend_op,
+                          "nodes' VMs down (terminate by default, which frees their GPUs).", "suspend",
                           argv, environ)
 
 
 def resume_fail_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """ResumeFailProgram: terminate the VMs of nodes that never came up."""
     return _power_program("slurm-nebula-resume-fail", "Slurm ResumeFailProgram for OpenNebula: terminate "
-                          "the VMs of nodes that never registered, so no VM or GPU leaks.", _resume_fail_op,
+                          "the VMs of nodes that never registered, so no VM or GPU leaks.", "resume-fail",
                           argv, environ)

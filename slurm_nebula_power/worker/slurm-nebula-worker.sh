@@ -9,7 +9,8 @@
 #
 # It installs the cluster's munge key (mode 0400, owned by munge), (re)starts munged, starts slurmd as
 # the node the VM was made for (`slurmd -N $SLURM_NODENAME --conf-server $SLURM_CONTROLLER`: configless,
-# the image needs no slurm.conf), then reports READY=YES through OneGate. A CONTEXT variable that is
+# the image needs no slurm.conf; 23.11+ also gets `--instance-id $VMID --instance-type opennebula`), then
+# reports READY=YES through OneGate. A CONTEXT variable that is
 # missing or wrong makes it refuse, visibly (console, stderr and the log), and READY is never reported:
 # with the node set's wait_for = "ready", resume then hands the node back to Slurm.
 #
@@ -181,6 +182,16 @@ fi
 say "munged started ($init)"
 
 # ---- slurmd ---------------------------------------------------------------------------------------
+# 23.11+: slurmd tells slurmctld the VM's id when it registers. 23.11 to 25.11 replace the InstanceId that
+# resume set (scontrol update InstanceId=) with what slurmd reports, which is nothing without these
+# options; 26.05 keeps resume's (it takes slurmd's only at a registration after a reboot it did not order).
+instance_opts=""
+case ${VMID:-} in
+    "" | *[!0-9]*) ;;
+    *) if "$slurmd" --help 2>&1 | grep -q -e '--instance-id'; then
+           instance_opts="--instance-id $VMID --instance-type opennebula"
+       fi ;;
+esac
 if [ "$init" = systemd ]; then
     # A unit of its own: slurmd outlives the context packages' oneshot service (and their cgroup).
     "$systemctl" stop slurmd.service "$slurmd_unit.service" >/dev/null 2>&1
@@ -189,11 +200,11 @@ if [ "$init" = systemd ]; then
     "$systemd_run" --unit="$slurmd_unit" --description="Slurm node daemon for $node (slurm-nebula-worker)" \
         -p Type=forking -p KillMode=process -p Delegate=yes -p LimitNOFILE=131072 \
         -p LimitMEMLOCK=infinity -p LimitSTACK=infinity -p TasksMax=infinity \
-        "$slurmd" -N "$node" --conf-server "$controller" ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
+        "$slurmd" -N "$node" --conf-server "$controller" $instance_opts ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
         || refuse 4 "slurmd did not start for node $node against $controller (journalctl -u $slurmd_unit)"
 else
     # shellcheck disable=SC2086
-    "$slurmd" -N "$node" --conf-server "$controller" ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
+    "$slurmd" -N "$node" --conf-server "$controller" $instance_opts ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
         || refuse 4 "slurmd did not start for node $node against $controller: exited with $? (see above in $log)"
 fi
 say "slurmd started as node $node (configless from $controller)"

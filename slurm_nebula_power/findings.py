@@ -1,0 +1,179 @@
+"""What `check` reports (Finding, Report), and the checks of files and of the path to oned: who can read
+and write what, and whether the session travels protected."""
+
+from __future__ import annotations
+
+import grp
+import ipaddress
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .config import Config
+
+OK, WARNING, PROBLEM = "ok", "warning", "problem"
+R, W, X = os.R_OK, os.W_OK, os.X_OK
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result: ok, warning or problem, about a subject, with its fix."""
+
+    level: str
+    subject: str
+    text: str
+    fix: str = ""
+
+    def line(self) -> str:
+        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`."""
+        return f"{self.level:<8} {self.subject}: {self.text}" + (f" -> fix: {self.fix}" if self.fix else "")
+
+
+class Report:
+    """The findings of one check run."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+
+    def ok(self, subject: str, text: str) -> None:
+        """Record a passed check."""
+        self.findings.append(Finding(OK, subject, text))
+
+    def warn(self, subject: str, text: str, fix: str) -> None:
+        """Record something that works but is likely not what you want."""
+        self.findings.append(Finding(WARNING, subject, text, fix))
+
+    def problem(self, subject: str, text: str, fix: str) -> None:
+        """Record something that will fail."""
+        self.findings.append(Finding(PROBLEM, subject, text, fix))
+
+    @property
+    def problems(self) -> list[Finding]:
+        """The problems only."""
+        return [f for f in self.findings if f.level == PROBLEM]
+
+
+# ---- file access as SlurmUser -------------------------------------------------------------------------
+
+
+def allowed(user: pwd.struct_passwd, path: Path, want: int) -> bool | None:
+    """Whether user may access path (want: R/W/X bits), directories on the way included; None: cannot tell.
+
+    POSIX mode bits only (ACLs are not read); root may do anything.
+    """
+    if user.pw_uid == 0:
+        return True
+    groups = {user.pw_gid} | {g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem}
+
+    def bits(p: Path, need: int) -> bool:
+        info = p.stat()
+        shift = 6 if info.st_uid == user.pw_uid else 3 if info.st_gid in groups else 0
+        return (info.st_mode >> shift) & need == need
+
+    try:
+        path = path.absolute()
+        return all(bits(parent, X) for parent in reversed(path.parents)) and bits(path, want)
+    except PermissionError:
+        return None
+    except OSError:
+        return False
+
+
+def writable(user: pwd.struct_passwd, path: Path, directory: bool) -> bool | None:
+    """Whether user can write path, or create it (and its missing parent directories)."""
+    target = path
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    if target == path:
+        return allowed(user, path, W | X if directory else W)
+    return allowed(user, target, W | X)
+
+
+def _access(report: Report, user: pwd.struct_passwd, subject: str, ok: bool | None, fix: str) -> None:
+    if ok is None:
+        report.warn(subject, f"cannot tell whether SlurmUser {user.pw_name} has access", "run check as root")
+    elif not ok:
+        report.problem(subject, f"SlurmUser {user.pw_name} has no access", fix)
+
+
+def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None:
+    """Config, auth file, log file, lock dir, audit and metrics files as SlurmUser sees them."""
+    name = user.pw_name
+    _access(report, user, f"configuration {config.path}", allowed(user, config.path, R),
+            f"chmod o+r {config.path} (it holds no secret) and make its directories searchable")
+    auth = config.opennebula.auth_file
+    before = len(report.problems)
+    _access(report, user, f"auth file {auth}", allowed(user, auth, R),
+            f"chown {name} {auth} && chmod 600 {auth}")
+    if len(report.problems) == before:
+        report.ok(f"auth file {auth}", f"readable by SlurmUser {name}, not by group or others")
+    if config.log.file is not None:
+        _access(report, user, f"log file {config.log.file}", writable(user, config.log.file, False),
+                f"mkdir -p {config.log.file.parent} && chown {name} {config.log.file.parent}")
+    _access(report, user, f"lock_dir {config.power.lock_dir}", writable(user, config.power.lock_dir, True),
+            f"mkdir -p {config.power.lock_dir} && chown {name} {config.power.lock_dir}")
+    audit = config.log.audit_file
+    if audit is not None:
+        _access(report, user, f"audit_file {audit}", writable(user, audit, False),
+                f"mkdir -p {audit.parent} && chown {name} {audit.parent}")
+    metrics = config.log.metrics_file
+    if metrics is not None:  # written to a temporary file beside it, then renamed: the directory must be writable
+        _access(report, user, f"metrics_file {metrics}", writable(user, metrics.parent, True),
+                f"mkdir -p {metrics.parent} && chown {name} {metrics.parent} (node_exporter's textfile directory)")
+
+
+def others_can_write(path: Path) -> bool:
+    """Writable by others, or in a directory others can write without the sticky bit (a rename replaces
+    it): whoever can do that chooses what runs as SlurmUser."""
+    try:
+        info, parent = path.stat(), path.parent.stat()
+    except OSError:
+        return False
+    loose_parent = parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX
+    return bool(info.st_mode & stat.S_IWOTH or loose_parent)
+
+
+def check_ownership(report: Report, config: Config) -> None:
+    """Nothing that decides what SlurmUser runs, and no lock directory, is writable by other users."""
+    named = [("configuration", config.path, "it names scontrol and prolog_chain, which SlurmUser runs"),
+             ("[slurm] scontrol", config.slurm.scontrol, "SlurmUser runs it"),
+             ("[slurm] prolog_chain", config.slurm.prolog_chain, "slurmctld runs it for every job")]
+    for what, path, why in named:
+        if path is not None and others_can_write(path):
+            report.problem(f"{what} {path}", f"writable by other users: {why}",
+                           f"chmod o-w {path} {path.parent} (and chown it to root)")
+    lock_dir = config.power.lock_dir
+    try:
+        mode = lock_dir.stat().st_mode
+    except OSError:
+        return
+    if mode & stat.S_IWOTH:
+        report.problem(f"lock_dir {lock_dir}", "writable by other users: any of them can plant links or files "
+                       "in place of the node locks", f"chmod o-w {lock_dir}")
+
+
+def check_transport(report: Report, config: Config) -> None:
+    """The session travels in every request and template answers hold the munge key: say when the path to
+    oned is not protected."""
+    one = config.opennebula
+    url = urlsplit(one.endpoint)
+    host = url.hostname or ""
+    if url.scheme == "http" and not _loopback(host):
+        report.warn(f"OpenNebula {one.endpoint}", f"plain http to {host}: the session (user:password) and "
+                    "the munge key in template answers cross the network readable",
+                    "use https:// (oned behind a TLS proxy, or FireEdge's), or a loopback endpoint")
+    if url.scheme == "https" and not one.https_verify:
+        report.warn(f"OpenNebula {one.endpoint}", "https_verify = false: any host that answers for "
+                    f"{host} gets the session", "install the front end's CA and remove https_verify = false")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
