@@ -126,14 +126,14 @@ def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
                 f"MAX_ACTIONS_PER_CLUSTER (oned.conf, stock {STOCK_ACTIONS_PER_CLUSTER}) per plan, a plan "
                 "after SCHED_MAX_WND_TIME (stock 10 s) or SCHED_MAX_WND_LENGTH (stock 7) new VMs")
     if pending > STOCK_ACTIONS_PER_CLUSTER:
-        report.warn(subject, f"waves of {pending} instantiates, above oned's stock MAX_ACTIONS_PER_CLUSTER "
+        report.warn(subject, f"up to {pending} VMs at once for oned to place, above its stock MAX_ACTIONS_PER_CLUSTER "
                     f"{STOCK_ACTIONS_PER_CLUSTER}: a burst beyond what a plan dispatches can stall oned's "
                     f"scheduler ({settings}{rate})",
                     f"set max_pending = {STOCK_ACTIONS_PER_CLUSTER} or below, unless oned.conf's "
                     "MAX_ACTIONS_PER_CLUSTER is at least max_pending")
     else:
-        report.ok(subject, f"instantiates in waves of {pending}, the next once oned placed the last; "
-                  f"{settings}{rate}")
+        report.ok(subject, f"at most {pending} VMs at once for oned to place (PENDING without a shortage "
+                  f"message, or being sent), the next sent as oned places them; {settings}{rate}")
     parallel = config.opennebula.max_parallel
     if parallel >= STOCK_MAX_CONN:
         # Each thread keeps its connection alive; oned serves MAX_CONN of them and lets the others wait in

@@ -53,6 +53,7 @@ DISPATCH_WAITS = ("Dispatch limit reached on hosts",
                   "No system datastores found to run VMs")
 
 
+_CTIME = re.compile(r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} ?: ")  # oned's prefix of SCHED_MESSAGE
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
@@ -170,6 +171,12 @@ class Vm:
     def sched_message(self) -> str:
         """oned's scheduler message (why a PENDING VM is not placed), if any."""
         return str(self.user_template.get("SCHED_MESSAGE", ""))
+
+    @property
+    def oned_message(self) -> str:
+        """The SCHED_MESSAGE without oned's date prefix ("Mon Nov 30 10:00:00 2026: Cannot ..."), shortened."""
+        lines = _CTIME.sub("", self.sched_message.strip()).splitlines()
+        return printable(lines[0][:120]) if lines else "no message"
 
     @property
     def unplaceable(self) -> bool:

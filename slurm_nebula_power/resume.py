@@ -27,6 +27,7 @@ from .operation import (
     timed,
     unseen_vm,
 )
+from .pacing import Pacer, placing
 from .plan import Plan, extra_template, plan_resume
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,6 @@ class Boot:
 UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
 PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
 PACED = frozenset({"instantiate", "recreate", "resume", "release"})  # plans whose VM goes PENDING
-
-
-def placing(vms: Mapping[int, Vm]) -> int:
-    """VMs PENDING that oned's scheduler has still to place (not those it said it cannot: see max_pending)."""
-    return sum(1 for vm in vms.values() if vm.state == PENDING and not vm.unplaceable)
 
 
 def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]) -> Outcome:
@@ -100,6 +96,8 @@ class _Resume:
         self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
         self.waiting: deque[tuple[Boot, Plan]] = deque()  # paced plans not sent yet (max_pending)
+        self.pacer = Pacer(ctx.config.opennebula.max_pending)
+        self.sends: list[tuple[list[Boot], int]] = []  # each send not looked at yet, with the window it had
 
     def run(self, boots: list[Boot]) -> None:
         """Read templates and the pool once, start every node, watch them, sweep what failed."""
@@ -182,42 +180,56 @@ class _Resume:
             removal.result()
         hand_back(self.ctx, self.outcome, list(dict.fromkeys(boot.node for boot, _ in entries)), reason)
 
-    # -- pacing: never more than max_pending VMs for oned's scheduler to place --
+    # -- pacing: never more VMs waiting for oned's scheduler than the window (pacing.py) --
 
     def _send(self, snapshot: Mapping[int, Vm] | None, now: float) -> list[Boot]:
-        """Send the next wave of waiting plans, once oned has placed the last one.
+        """After a pool read: let the window judge the sends it has looked at, then fill it.
 
-        A burst of a few hundred instantiates stalls the scheduler of oned 7.0.2 and 7.4.0 for good (VMs
-        PENDING without a SCHED_MESSAGE, "Cannot add plan. A placement plan is already in progress." in
-        oned.log); the same VMs sent in waves of 30, each once the last left PENDING, all run.  Waves
-        of max_pending placed faster than a sliding window of the same size on both releases (bench/
-        README.md, "Real oned").  The next wave goes when no call is in flight and no VM of our user is
-        PENDING for oned to place (another resume's count too: they share the scheduler; one oned said
-        it cannot place is left to pending_timeout).  A node's boot_timeout counts from when its plan
-        is sent, not from the start of the run; one that could not be sent within boot_timeout of the
-        start (oned placed nothing for that long) is returned, to fail.  No snapshot (the pool query
-        failed): nothing is sent.
+        The window counts the VMs of our user PENDING for oned to place (another resume's too: they share
+        the scheduler; one oned said it cannot place is left to pending_timeout) and our calls whose VM
+        no read has seen yet.  A node's boot_timeout counts from when its plan is sent, not from the start
+        of the run; one that could not be sent within boot_timeout of the start (oned placed nothing for
+        that long) is returned, to fail.  No snapshot (the pool query failed): nothing is sent.
         """
         settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
         self.waiting = deque((b, p) for b, p in self.waiting if b.node not in settled)
         expired = [b for b, _ in self.waiting if now >= b.deadline]
         self.waiting = deque((b, p) for b, p in self.waiting if now < b.deadline)
-        if not self.waiting or snapshot is None:
+        if snapshot is None:
             return expired
-        if any(b.future is not None and not b.future.done() for b in self.boots.values()) or placing(snapshot):
+        self._look(snapshot)
+        if not self.waiting:
             return expired
-        room = self.ctx.config.opennebula.max_pending
-        sent = 0
-        while self.waiting and room > 0:
+        unseen = sum(1 for b in self.boots.values() if b.future is not None)
+        room = self.pacer.room(placing(snapshot), unseen)
+        sent: list[Boot] = []
+        while self.waiting and len(sent) < room:
             boot, plan = self.waiting.popleft()
             boot.deadline = now + boot.nodeset.boot_timeout
             boot.future = self.pool.submit(self._start, boot, plan)
-            room -= 1
-            sent += 1
-        if self.waiting:
-            log.info("sent %d, %d waiting for oned to place the VMs before them (max_pending %d)", sent,
-                     len(self.waiting), self.ctx.config.opennebula.max_pending)
+            sent.append(boot)
+        if sent:
+            self.sends.append((sent, self.pacer.limit))
+        if sent and self.waiting:
+            log.info("sent %d, %d waiting for oned to place the VMs before them (window %d, max_pending %d)",
+                     len(sent), len(self.waiting), self.pacer.limit, self.ctx.config.opennebula.max_pending)
         return expired
+
+    def _look(self, snapshot: Mapping[int, Vm]) -> None:
+        """The window learns from each send whose calls have all answered (their VMs are in this read)."""
+        keep = []
+        for boots, limit in self.sends:
+            if any(b.future is not None for b in boots):
+                keep.append((boots, limit))
+                continue
+            vms = [snapshot.get(b.vm_id) for b in boots if b.vm_id is not None]
+            still = sum(1 for vm in vms if vm is not None and vm.state == PENDING and not vm.unplaceable)
+            before = self.pacer.limit
+            self.pacer.looked(len(boots), limit, still, placing(snapshot))
+            if self.pacer.limit != before:
+                log.info("window %d -> %d: %d of the %d VMs sent last still PENDING for oned to place",
+                         before, self.pacer.limit, still, len(boots))
+        self.sends = keep
 
     # -- starting a node (in the pool) --
 
@@ -413,7 +425,8 @@ class _Resume:
         if now < boot.deadline:
             return ""
         if vm.unplaceable:
-            return "no host with a free GPU (VM PENDING past boot_timeout)"
+            what = "no free GPU" if "PCI" in vm.sched_message else "no host can take the VM"
+            return f"{what} (PENDING past boot_timeout; oned: {vm.oned_message})"
         if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
             return f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s (RUNNING)"
         return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"

@@ -316,7 +316,7 @@ def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:
     report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
     [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
     assert found.level == OK
-    assert found.text.startswith("instantiates in waves of 30, the next once oned placed the last")
+    assert found.text.startswith("at most 30 VMs at once for oned to place")
     for setting in ("MAX_HOST", "MAX_ACTIONS_PER_CLUSTER", "SCHED_MAX_WND_TIME", "SCHED_MAX_WND_LENGTH"):
         assert setting in found.text
 
@@ -328,7 +328,7 @@ def test_max_pending_above_the_stock_dispatch_limit_is_a_warning(site) -> None:
     edit(site.config, "max_parallel = 8\n", "max_parallel = 8\nmax_pending = 100\n")
     report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
     [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
-    assert found.level == WARNING and "above oned's stock MAX_ACTIONS_PER_CLUSTER 30" in found.text
+    assert found.level == WARNING and "above its stock MAX_ACTIONS_PER_CLUSTER 30" in found.text
     assert found.fix.startswith("set max_pending = 30 or below")
     assert not report.problems
 

@@ -1,0 +1,51 @@
+"""Pacing resume's instantiates: how many may go to oned now, so that a burst never stalls its scheduler.
+
+A few hundred instantiates at once stall the scheduler of oned 7.0.2 and 7.4.0 for good (VMs PENDING
+without a SCHED_MESSAGE for minutes, "Cannot add plan. A placement plan is already in progress." in
+oned.log, only a restart helps); the same VMs sent so that at most a plan's worth waits at a time all
+run.  The rule, a sliding window refilled on every pool read:
+
+- at most `limit` VMs may be waiting for oned to place them: VMs of the user PENDING without a message
+  that says oned cannot place them (a shortage is pending_timeout's business, not the window's), plus
+  the calls sent whose VM no pool read has seen yet (in flight, or answered after the last read began);
+- a VM that left PENDING frees its slot at the next read;
+- `limit` starts at max_pending; it doubles (up to GROWTH x max_pending) when a full window was placed
+  before the first pool read after its calls answered, so a back end that places at once (the simulator,
+  an oned with a short scheduler window on a quiet machine) is not held to max_pending a round trip; it
+  falls back to max_pending as soon as a window's VMs are still PENDING at that first read.
+
+Pure: resume (resume.py) counts and calls; measured against the simplest clients in bench/README.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .model import PENDING, Vm
+
+GROWTH = 8  # the window grows to at most this many times max_pending (300 at once stalled oned)
+
+
+def placing(vms: Mapping[int, Vm]) -> int:
+    """VMs PENDING that oned's scheduler has still to place (not those it said it cannot place)."""
+    return sum(1 for vm in vms.values() if vm.state == PENDING and not vm.unplaceable)
+
+
+class Pacer:
+    """The window: how many instantiates may be sent now, and how it widens or narrows."""
+
+    def __init__(self, max_pending: int) -> None:
+        self.base = max_pending
+        self.limit = max_pending
+
+    def room(self, placing: int, unseen: int) -> int:
+        """Sends allowed now: `placing` VMs wait for oned, `unseen` calls have no VM seen by a read yet."""
+        return max(0, self.limit - placing - unseen)
+
+    def looked(self, size: int, limit: int, still_pending: int, placing: int) -> None:
+        """The first pool read after every call of one send answered: `size` calls sent under `limit`,
+        `still_pending` of their VMs PENDING for oned to place, `placing` of the user's in all."""
+        if still_pending:
+            self.limit = self.base
+        elif size >= limit and placing == 0:
+            self.limit = min(self.limit * 2, self.base * GROWTH)
