@@ -201,7 +201,7 @@ class _Resume:
         if not self.waiting:
             return expired
         unseen = sum(1 for b in self.boots.values() if b.future is not None)
-        room = self.pacer.room(placing(snapshot), unseen)
+        room = self.pacer.room(placing(snapshot), unseen, len(self.waiting))
         sent: list[Boot] = []
         while self.waiting and len(sent) < room:
             boot, plan = self.waiting.popleft()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slurm_nebula_power.model import ACTIVE, PENDING, RUNNING_LCM, Vm
-from slurm_nebula_power.pacing import GROWTH, Pacer, placing
+from slurm_nebula_power.pacing import GROWTH, MIN_SEND, STEP, Pacer, placing
 
 SHORTAGE = "Mon Nov 30 10:00:00 2026: Cannot allocate VM. Not enough capacity in hosts 0,1"
 DISPATCH = "Tue Dec  1 08:53:32 2026: [HOST] Dispatch limit reached on hosts: 0,1,2,3,4,5,6,7,8,9"
@@ -17,9 +17,20 @@ def vm(vm_id: int, state: int = PENDING, message: str = "") -> Vm:
 
 def test_the_window_holds_the_vms_oned_has_to_place_and_the_calls_not_seen_yet() -> None:
     pacer = Pacer(30)
-    assert pacer.room(placing=0, unseen=0) == 30
-    assert pacer.room(placing=20, unseen=8) == 2
-    assert pacer.room(placing=25, unseen=10) == 0
+    assert pacer.room(placing=0, unseen=0, waiting=100) == 30
+    assert pacer.room(placing=12, unseen=8, waiting=100) == 10
+    assert pacer.room(placing=25, unseen=10, waiting=100) == 0
+    assert pacer.room(placing=0, unseen=0, waiting=3) == 3
+
+
+def test_a_send_waits_for_enough_free_slots_to_start_a_plan_at_once() -> None:
+    """oned plans after SCHED_MAX_WND_LENGTH (7) new VMs or 10 s: one or two at a time each wait 10 s."""
+    pacer = Pacer(30)
+    assert pacer.room(placing=20, unseen=3, waiting=100) == 0
+    assert pacer.room(placing=20, unseen=2, waiting=100) == MIN_SEND
+    assert pacer.room(placing=29, unseen=0, waiting=2) == 0
+    assert pacer.room(placing=28, unseen=0, waiting=2) == 2, "what is left fits"
+    assert Pacer(4).room(placing=0, unseen=0, waiting=100) == 4, "a window below MIN_SEND still sends"
 
 
 def test_placing_leaves_out_vms_oned_cannot_place_but_counts_a_dispatch_limit() -> None:
@@ -31,16 +42,16 @@ def test_placing_leaves_out_vms_oned_cannot_place_but_counts_a_dispatch_limit() 
 
 def test_a_full_window_placed_before_the_first_look_widens_it_up_to_its_cap() -> None:
     pacer = Pacer(30)
-    for _ in range(10):
+    limits = []
+    for _ in range(5):
         pacer.looked(size=pacer.limit, limit=pacer.limit, still_pending=0, placing=0)
-    assert pacer.limit == 30 * GROWTH
-    assert 30 * GROWTH < 300, "300 instantiates at once stalled oned 7.0.2 and 7.4.0"
+        limits.append(pacer.limit)
+    assert limits == [30 * STEP, 30 * STEP * STEP, 30 * GROWTH, 30 * GROWTH, 30 * GROWTH] == [120, 480, 480, 480, 480]
 
 
 def test_vms_still_pending_at_the_first_look_narrow_it_to_max_pending() -> None:
     pacer = Pacer(30)
     pacer.looked(size=30, limit=30, still_pending=0, placing=0)
-    pacer.looked(size=60, limit=60, still_pending=0, placing=0)
     assert pacer.limit == 120
     pacer.looked(size=120, limit=120, still_pending=1, placing=1)
     assert pacer.limit == 30
