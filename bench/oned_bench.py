@@ -13,6 +13,7 @@ starts a fresh one for the next run.  See bench/README.md, "Real oned".
   burst:N           N at once, watched until all RUNNING (or stalled)
   wave:W:N          waves of W, the next once the last wave's VMs all left PENDING
   window:W:N        at most W VMs PENDING (or being instantiated) at any time
+  resume:N:P:W      a --resume item run here, between the clients (the same oned, minutes apart)
 --resume items: N:MAX_PARALLEL:MAX_PENDING, the installed slurm-nebula-resume then slurm-nebula-suspend
 of N nodes, started as slurmctld starts them (bench/power_bench.py's launcher).
 """
@@ -55,13 +56,18 @@ class Oned:
         self.stop()
         env = {**os.environ, "ONE_VERSION": self.version, "ONED_HOSTS": str(self.hosts),
                "ONED_GPUS": str(self.gpus), "ONED_NET_IP": NET_IP, "ONED_NET_SIZE": NET_SIZE,
-               "ONED_DS_INTERVAL": "4", "ONED_START_TIMEOUT": "180"}
+               "ONED_DS_INTERVAL": "4", "ONED_START_TIMEOUT": "300",
+               # one Ruby probe per host per period: stock 5 s (STATE_VM) on 30 hosts took most of 2 cores
+               # and failed host monitoring at start-up; placement does not depend on them (dummy driver)
+               "ONED_STATE_VM_PERIOD": "60", "ONED_MONITOR_VM_PERIOD": "300"}
         self.dir.mkdir(parents=True, exist_ok=True)
         done = subprocess.run([BASH, str(ONED / "start.sh"), str(self.dir)], env=env, capture_output=True,
                               text=True, timeout=600)
+        (self.dir.parent / f"start-{self.version}.err").write_text(done.stderr)
         if done.returncode:
             self.stop()
-            raise SystemExit(f"oned {self.version} did not start: {done.stderr.strip()[-500:]}")
+            said = [line for line in done.stderr.splitlines() if line.startswith(("start.sh", "onedctl"))]
+            raise SystemExit(f"oned {self.version} did not start: {' / '.join(said)[-800:]}")
         values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
         self.endpoint, self.auth = values["ENDPOINT"], values["AUTH"]
         if not self.endpoint.startswith("http://127."):
@@ -160,7 +166,7 @@ def markdown(result: dict[str, Any]) -> str:
     """The figures as Markdown tables."""
     m, a = result["machine"], result["args"]
     lines = [f"# oned_bench: oned {a['version']}, {a['hosts']} hosts x {a['gpus']} GPUs, "
-             f"MAX_ACTIONS_PER_CLUSTER 30, MAX_ACTIONS_PER_HOST 1, window 10 s / 7",
+             f"MAX_ACTIONS_PER_CLUSTER 30, MAX_ACTIONS_PER_HOST 1, window 10 s / 7, STATE_VM 60 s, MONITOR_VM 300 s",
              "", f"{m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gb']} GB, Python {m['python']}, "
              f"{m['date']}, load before/after {m['load_before']} / {m.get('load_after')}", ""]
     if result["clients"]:
@@ -210,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"starting oned {args.version} ({args.hosts} x {args.gpus} GPUs) ...", file=sys.stderr)
         oned.start()
         for item in filter(None, args.clients.split(",")):
+            if item.startswith("resume:"):  # resume between the clients: the same oned, minutes apart
+                print(f"resume {item} ...", file=sys.stderr, flush=True)
+                row = run_resume(oned, item.removeprefix("resume:"), work)
+                print(f"  {json.dumps(row)}", file=sys.stderr, flush=True)
+                result["resume"].append(row)
+                json_path.write_text(json.dumps(result, indent=1) + "\n")
+                continue
             print(f"client {item} ...", file=sys.stderr, flush=True)
             row = run_client(oned, item)
             print(f"  {json.dumps({k: v for k, v in row.items() if k != 'timeline'})}", file=sys.stderr, flush=True)
