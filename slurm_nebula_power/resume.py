@@ -382,10 +382,11 @@ class _Resume:
         The VMs those calls made or resumed are then worth a look at once: oned leases their addresses
         at instantiate (NodeAddr can be set now), and a VM that boots fast is seen without a wasted pause.
         While calls are still in flight the pool is read at most every poll_max: their VMs are not up
-        yet, and reading a 1,000-VM pool holds the interpreter ~0.2 s, stalling the calls' threads.
+        yet, and reading a 1,000-VM pool holds the interpreter ~0.2 s, stalling the calls' threads;
+        except while nodes wait for the window: oned frees slots as it places, whatever is in flight.
         """
         if calls:
-            wait(calls, timeout=max(interval, self.ctx.config.power.poll_max))
+            wait(calls, timeout=interval if self.waiting else max(interval, self.ctx.config.power.poll_max))
         else:
             self.ctx.sleep(interval)
 
