@@ -45,6 +45,10 @@ class Gate:
             self._hosts = self.fresh_hosts()
         return self._hosts
 
+    def hosts_read(self) -> list[Host] | None:
+        """The host pool if this run has read it already (no call), else None."""
+        return self._hosts if self._hosts_read else None
+
     def fresh_hosts(self) -> list[Host] | None:
         """The host pool read now (one call)."""
         try:

@@ -5,14 +5,17 @@ without a SCHED_MESSAGE for minutes, "Cannot add plan. A placement plan is alrea
 oned.log, only a restart helps); the same VMs sent so that at most a plan's worth waits at a time all
 run.  The rule, a sliding window refilled on every pool read:
 
-- at most `limit` VMs may be waiting for oned to place them: VMs of the user PENDING without a message
+- at most `limit` VMs may be waiting for oned to place them (max_pending, or fewer when fewer hosts take
+  VMs: one placement plan places at most one VM per host, MAX_HOST in schedulers/rank.conf, and a burst
+  that needs a second plan is the one that stalls: waves of 30 on 20 hosts stalled 7.4.0 for good, "Cannot
+  add plan" in oned.log, while 30 at a time on 30 hosts never did): VMs of the user PENDING without a message
   that says oned cannot place them (a shortage is pending_timeout's business, not the window's), plus
   the calls sent whose VM no pool read has seen yet (in flight, or answered after the last read began);
 - a VM that left PENDING frees its slot at the next read, but sends wait until MIN_SEND slots are free
   (or all that is left fits): oned's scheduler plans once SCHED_MAX_WND_LENGTH (stock 7) new VMs
   arrived or SCHED_MAX_WND_TIME (stock 10 s) after the first, so VMs sent one or two at a time as slots
   free each waited out the 10 s (seen on 7.4.0: 100 nodes, sends of 1-9, the last ones 50 s);
-- `limit` starts at max_pending; it grows fourfold (up to GROWTH x max_pending) when a full window was
+- `limit` starts there; it grows fourfold (up to GROWTH x max_pending) when a full window was
   placed before the first pool read after its calls answered, so a back end that places at once (the
   simulator, an oned whose scheduler places more than a plan of 30 within a round trip) is not held to
   max_pending a round trip; it falls back to max_pending as soon as a window's VMs are still PENDING at
@@ -41,9 +44,11 @@ def placing(vms: Mapping[int, Vm]) -> int:
 class Pacer:
     """The window: how many instantiates may be sent now, and how it widens or narrows."""
 
-    def __init__(self, max_pending: int) -> None:
-        self.base = max_pending
-        self.limit = max_pending
+    def __init__(self, max_pending: int, hosts: int | None = None) -> None:
+        """`hosts`: how many hosts take VMs, when the host pool was read (oned places at most MAX_HOST, stock
+        1, VMs per host per plan, so more than that many waiting only queue for a second plan)."""
+        self.base = min(max_pending, hosts) if hosts else max_pending
+        self.limit = self.base
 
     def room(self, placing: int, unseen: int, waiting: int) -> int:
         """Sends allowed now: `placing` VMs wait for oned, `unseen` calls have no VM seen by a read yet,

@@ -117,6 +117,9 @@ class _Resume:
             plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
             plans = self._admit(plans)
+            hosts = self.gate.hosts_read()  # read for the GPU count (not for a node set without GPUs)
+            self.pacer = Pacer(ctx.config.opennebula.max_pending,
+                               None if hosts is None else sum(1 for h in hosts if h.placeable))
             for boot, plan in plans:
                 if plan.action in PACED:
                     self.waiting.append((boot, plan))

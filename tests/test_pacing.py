@@ -63,3 +63,10 @@ def test_only_a_full_window_with_nothing_left_to_place_widens_it() -> None:
     pacer.looked(size=5, limit=30, still_pending=0, placing=0)
     pacer.looked(size=30, limit=30, still_pending=0, placing=4)
     assert pacer.limit == 30
+
+
+def test_the_window_is_at_most_one_vm_per_host_that_takes_vms() -> None:
+    """oned places at most one VM per host a plan (MAX_HOST 1); waves of 30 on 20 hosts stalled 7.4.0."""
+    assert Pacer(30, hosts=20).room(placing=0, unseen=0, waiting=100) == 20
+    assert Pacer(30, hosts=100).room(placing=0, unseen=0, waiting=100) == 30
+    assert Pacer(30, hosts=None).room(placing=0, unseen=0, waiting=100) == 30, "host pool unread"
