@@ -133,7 +133,8 @@ def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
                     "MAX_ACTIONS_PER_CLUSTER is at least max_pending")
     else:
         report.ok(subject, f"at most {pending} VMs at once for oned to place (PENDING without a shortage "
-                  f"message, or being sent), the next sent as oned places them; {settings}{rate}")
+                  "message, or being sent), and at most one per host that takes VMs (what a plan places with "
+                  f"MAX_HOST 1), the next sent as oned places them; {settings}{rate}")
     parallel = config.opennebula.max_parallel
     if parallel >= STOCK_MAX_CONN:
         # Each thread keeps its connection alive; oned serves MAX_CONN of them and lets the others wait in
