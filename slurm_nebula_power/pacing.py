@@ -6,9 +6,10 @@ oned.log, only a restart helps); the same VMs sent so that at most a plan's wort
 run.  The rule, a sliding window refilled on every pool read:
 
 - at most `limit` VMs may be waiting for oned to place them (max_pending, or fewer when fewer hosts take
-  VMs: one placement plan places at most one VM per host, MAX_HOST in schedulers/rank.conf, and a burst
-  that needs a second plan is the one that stalls: waves of 30 on 20 hosts stalled 7.4.0 for good, "Cannot
-  add plan" in oned.log, while 30 at a time on 30 hosts never did): VMs of the user PENDING without a message
+  VMs: one placement plan places at most one VM per host, MAX_HOST in schedulers/rank.conf, and VMs
+  beyond that only queue for a later plan; the stall is a race between overlapping plans: waves of 30 on
+  20 hosts stalled 7.4.0 for good at 1,000 nodes, "Cannot add plan" in oned.log, where 30 at a time on
+  10-12 hosts had run at 100 and 300): VMs of the user PENDING without a message
   that says oned cannot place them (a shortage is pending_timeout's business, not the window's), plus
   the calls sent whose VM no pool read has seen yet (in flight, or answered after the last read began);
 - a VM that left PENDING frees its slot at the next read, but sends wait until MIN_SEND slots are free
@@ -18,8 +19,8 @@ run.  The rule, a sliding window refilled on every pool read:
 - `limit` starts there; it grows fourfold (up to GROWTH x max_pending) when a full window was
   placed before the first pool read after its calls answered, so a back end that places at once (the
   simulator, an oned whose scheduler places more than a plan of 30 within a round trip) is not held to
-  max_pending a round trip; it falls back to max_pending as soon as a window's VMs are still PENDING at
-  that first read.  The 300 instantiates that stalled oned went to a scheduler placing 10-12 VMs a plan;
+  max_pending a round trip; it falls back to where it started as soon as a window's VMs are still
+  PENDING at that first read.  The 300 instantiates that stalled oned went to a scheduler placing 10-12 VMs a plan;
   the window reaches 120 only after oned placed 30 before it was looked at, 480 after it placed 120.
 
 Pure: resume (resume.py) counts and calls; measured against the simplest clients in bench/README.md.
