@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slurm_nebula_power.model import ACTIVE, PENDING, RUNNING_LCM, Vm
-from slurm_nebula_power.pacing import GROWTH, MIN_SEND, STEP, Pacer, placing
+from slurm_nebula_power.pacing import GROWTH, STEP, Pacer, placing
 
 SHORTAGE = "Mon Nov 30 10:00:00 2026: Cannot allocate VM. Not enough capacity in hosts 0,1"
 DISPATCH = "Tue Dec  1 08:53:32 2026: [HOST] Dispatch limit reached on hosts: 0,1,2,3,4,5,6,7,8,9"
@@ -15,22 +15,12 @@ def vm(vm_id: int, state: int = PENDING, message: str = "") -> Vm:
               user_template={"SCHED_MESSAGE": message} if message else {})
 
 
-def test_the_window_holds_the_vms_oned_has_to_place_and_the_calls_not_seen_yet() -> None:
+def test_the_next_wave_goes_once_oned_placed_the_last_and_every_call_was_seen() -> None:
     pacer = Pacer(30)
     assert pacer.room(placing=0, unseen=0, waiting=100) == 30
-    assert pacer.room(placing=12, unseen=8, waiting=100) == 10
-    assert pacer.room(placing=25, unseen=10, waiting=100) == 0
+    assert pacer.room(placing=1, unseen=0, waiting=100) == 0, "oned still places the last wave"
+    assert pacer.room(placing=0, unseen=1, waiting=100) == 0, "a call whose VM no read has seen"
     assert pacer.room(placing=0, unseen=0, waiting=3) == 3
-
-
-def test_a_send_waits_for_enough_free_slots_to_start_a_plan_at_once() -> None:
-    """oned plans after SCHED_MAX_WND_LENGTH (7) new VMs or 10 s: one or two at a time each wait 10 s."""
-    pacer = Pacer(30)
-    assert pacer.room(placing=20, unseen=3, waiting=100) == 0
-    assert pacer.room(placing=20, unseen=2, waiting=100) == MIN_SEND
-    assert pacer.room(placing=29, unseen=0, waiting=2) == 0
-    assert pacer.room(placing=28, unseen=0, waiting=2) == 2, "what is left fits"
-    assert Pacer(4).room(placing=0, unseen=0, waiting=100) == 4, "a window below MIN_SEND still sends"
 
 
 def test_placing_leaves_out_vms_oned_cannot_place_but_counts_a_dispatch_limit() -> None:
