@@ -134,7 +134,7 @@ def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
     else:
         report.ok(subject, f"at most {pending} VMs at once for oned to place (PENDING without a shortage "
                   "message, or being sent), and at most one per host that takes VMs (what a plan places with "
-                  f"MAX_HOST 1), the next sent as oned places them; {settings}{rate}")
+                  f"MAX_HOST 1), the next wave once oned placed the last; {settings}{rate}")
     parallel = config.opennebula.max_parallel
     if parallel >= STOCK_MAX_CONN:
         # Each thread keeps its connection alive; oned serves MAX_CONN of them and lets the others wait in

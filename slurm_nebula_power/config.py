@@ -25,7 +25,7 @@ JOB_POLICIES = ("all-or-nothing", "best-effort")
 # Seconds a node set is not started again after a GPU shortage (the requeued jobs' resumes within it are
 # handed back after one host pool read), on every Slurm release.
 SHORTAGE_COOLDOWN = 60
-# VMs at most waiting for oned to place them: resume's window (pacing.py).  A burst of hundreds stalls
+# VMs at most waiting for oned to place them: resume's waves (pacing.py).  A burst of hundreds stalls
 # oned 7.0.2's and 7.4.0's scheduler (bench/README.md, "Real oned").
 MAX_PENDING = 30
 # API calls in flight at once.  oned serves MAX_CONN (stock 15) XML-RPC connections at once and keeps each

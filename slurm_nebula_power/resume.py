@@ -183,10 +183,10 @@ class _Resume:
             removal.result()
         hand_back(self.ctx, self.outcome, list(dict.fromkeys(boot.node for boot, _ in entries)), reason)
 
-    # -- pacing: never more VMs waiting for oned's scheduler than the window (pacing.py) --
+    # -- pacing: waves no larger than oned places in a plan (pacing.py) --
 
     def _send(self, snapshot: Mapping[int, Vm] | None, now: float) -> list[Boot]:
-        """After a pool read: let the window judge the sends it has looked at, then fill it.
+        """After a pool read: let the pacer judge the sends it has looked at, then send the next wave if any.
 
         The window counts the VMs of our user PENDING for oned to place (another resume's too: they share
         the scheduler; one oned said it cannot place is left to pending_timeout) and our calls whose VM
