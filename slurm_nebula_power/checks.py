@@ -30,6 +30,8 @@ from .shapes import (
 from .slurm import find_scontrol, slurm_version
 from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
 
+STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
+STOCK_MAX_CONN = 15  # oned.conf MAX_CONN (XML-RPC connections served at once) as shipped
 MEMORY_TIGHT = 0.97  # RealMemory above this share of MEMORY is likely above what the guest reports
 
 
@@ -91,9 +93,11 @@ def check_capacity(report: Report, config: Config, cloud: Cloud) -> None:
     except CloudError as exc:
         report.warn(subject, f"unreadable ({first_line(exc)}): resume cannot count free GPUs before it "
                     "instantiates and relies on pending_timeout alone", fix)
+        check_bursts(report, config, None)
         return
     if not hosts:
         report.warn(subject, "no host visible: resume cannot count free GPUs before it instantiates", fix)
+        check_bursts(report, config, None)
         return
     placeable = [h for h in hosts if h.placeable]
     parts = []
@@ -105,6 +109,42 @@ def check_capacity(report: Report, config: Config, cloud: Cloud) -> None:
         if requests:
             parts.append(f"{nodeset.nodes_expr}: {Pool(hosts).free(requests)} GPU {label(requests)} free")
     report.ok(subject, f"{len(hosts)} hosts, {len(placeable)} take VMs" + "".join(f"; {p}" for p in parts))
+    check_bursts(report, config, len(placeable))
+
+
+def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
+    """How a burst reaches oned's scheduler: max_pending against the oned.conf settings that place it.
+
+    oned.conf cannot be read over XML-RPC, so the settings are named with their stock values; the warning
+    is for a max_pending above the stock MAX_ACTIONS_PER_CLUSTER, the range where bursts were not measured
+    to run (300 at once stalled 7.0.2 and 7.4.0 for good, bench/README.md "Real oned")."""
+    subject = "[opennebula] max_pending"
+    pending = config.opennebula.max_pending
+    per_plan = min(pending, STOCK_ACTIONS_PER_CLUSTER, placeable) if placeable else None
+    rate = f"; {placeable} hosts take VMs: at most {per_plan} VMs a plan with the stock settings" if per_plan else ""
+    settings = ("oned places at most MAX_HOST (schedulers/rank.conf on 7.x, stock 1) VMs per host and "
+                f"MAX_ACTIONS_PER_CLUSTER (oned.conf, stock {STOCK_ACTIONS_PER_CLUSTER}) per plan, a plan "
+                "after SCHED_MAX_WND_TIME (stock 10 s) or SCHED_MAX_WND_LENGTH (stock 7) new VMs")
+    if pending > STOCK_ACTIONS_PER_CLUSTER:
+        report.warn(subject, f"up to {pending} VMs at once for oned to place, above its stock MAX_ACTIONS_PER_CLUSTER "
+                    f"{STOCK_ACTIONS_PER_CLUSTER}: a burst beyond what a plan dispatches can stall oned's "
+                    f"scheduler ({settings}{rate})",
+                    f"set max_pending = {STOCK_ACTIONS_PER_CLUSTER} or below, unless oned.conf's "
+                    "MAX_ACTIONS_PER_CLUSTER is at least max_pending")
+    else:
+        report.ok(subject, f"at most {pending} VMs at once for oned to place (PENDING without a shortage "
+                  "message, or being sent), and at most one per host that takes VMs (what a plan places with "
+                  f"MAX_HOST 1), the next wave once oned placed the last; {settings}{rate}")
+    parallel = config.opennebula.max_parallel
+    if parallel >= STOCK_MAX_CONN:
+        # Each thread keeps its connection alive; oned serves MAX_CONN of them and lets the others wait in
+        # the backlog until one idles out (KEEPALIVE_TIMEOUT 15 s): seen as instantiates that got no answer
+        # within 30 s from oned 7.0.2 with 32 threads (bench/README.md, "Real oned").
+        report.warn("[opennebula] max_parallel", f"{parallel} connections at once (and one more that polls), "
+                    f"oned's stock MAX_CONN is {STOCK_MAX_CONN}: the calls beyond it wait for a kept-alive "
+                    "connection to idle out (KEEPALIVE_TIMEOUT, stock 15 s) and can time out",
+                    f"set max_parallel = {STOCK_MAX_CONN - 3} or lower (other clients need connections too), or "
+                    "raise MAX_CONN in oned.conf above max_parallel")
 
 
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:

@@ -25,6 +25,13 @@ JOB_POLICIES = ("all-or-nothing", "best-effort")
 # Seconds a node set is not started again after a GPU shortage (the requeued jobs' resumes within it are
 # handed back after one host pool read), on every Slurm release.
 SHORTAGE_COOLDOWN = 60
+# VMs at most waiting for oned to place them: resume's waves (pacing.py).  A burst of hundreds stalls
+# oned 7.0.2's and 7.4.0's scheduler (bench/README.md, "Real oned").
+MAX_PENDING = 30
+# API calls in flight at once.  oned serves MAX_CONN (stock 15) XML-RPC connections at once and keeps each
+# alive: with more threads than that, calls waited for a kept-alive connection to idle out and timed out
+# (oned 7.0.2, bench/README.md "Real oned").  12 leaves room for the poll and other clients.
+MAX_PARALLEL = 12
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,8 @@ class OneConfig:
     auth_file: Path
     session: str = field(repr=False)
     timeout: float = 30.0
-    max_parallel: int = 32
+    max_parallel: int = MAX_PARALLEL
+    max_pending: int = MAX_PENDING
     retry_seconds: float = 60.0
     retry_backoff: float = 0.2
     https_verify: bool = True
@@ -186,7 +194,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "endpoint": Key((str,), check=_http),
         "auth_file": Key((str,)),
         "timeout": Key(NUMBER, 30.0, _positive),
-        "max_parallel": Key((int,), 32, _positive),
+        "max_parallel": Key((int,), MAX_PARALLEL, _positive),
+        "max_pending": Key((int,), MAX_PENDING, _positive),
         "retry_seconds": Key(NUMBER, 60.0, _positive),
         "retry_backoff": Key(NUMBER, 0.2, _positive),
         "https_verify": Key((bool,), True),

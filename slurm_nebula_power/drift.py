@@ -85,7 +85,15 @@ class Diagnosis:
 
 
 def _pending_why(vm: Vm) -> str:
-    return ": no host with a free GPU" if vm.state == PENDING and vm.sched_message else ""
+    """Why a VM is PENDING, in oned's words.  oned also marks VMs a placement plan left for the next one
+    (a dispatch limit, a burst): that is no shortage, and only a message naming the PCI devices is
+    called "no free GPU" (7.0's "Not enough capacity in hosts" does not say which resource)."""
+    if vm.state != PENDING or not vm.sched_message:
+        return ""
+    if not vm.unplaceable:
+        return f", waiting for oned's scheduler (oned: {vm.oned_message})"
+    what = "no free GPU" if "PCI" in vm.sched_message else "no host can take the VM"
+    return f": {what} (oned: {vm.oned_message})"
 
 
 def impostor_problem(vm: Vm) -> str:
@@ -112,7 +120,7 @@ def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True)
                             "PrivateData=cloud)")
         if vm is not None and vm.failed:
             problems.append(f"VM failed ({vm.state_name})")
-        elif vm is not None and _pending_why(vm):
+        elif vm is not None and vm.unplaceable:
             problems.append(f"VM PENDING{_pending_why(vm)}")
         return Diagnosis(tuple(problems))
     where = st.phase
@@ -130,7 +138,7 @@ def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True)
             repair = Repair(old, False, "VM alive while its node is powered down") if old else None
     elif vm is not None and vm.starting and where in (UP, STARTING):
         late = now - vm.stime >= nodeset.boot_timeout
-        if where == STARTING and _pending_why(vm):
+        if where == STARTING and vm.unplaceable:
             problems.append(f"node powering up, VM PENDING{_pending_why(vm)}")
         elif where == UP:
             problems.append(f"node up but VM {vm.state_name}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +21,6 @@ from .plan import Plan, dragged
 
 log = logging.getLogger(__name__)
 Planned = tuple[str, NodeSet, Plan]  # a node, its node set, what resume would do for it
-_CTIME = re.compile(r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} ?: ")  # oned's prefix of SCHED_MESSAGE
 
 
 class Gate:
@@ -46,6 +44,10 @@ class Gate:
             self._hosts_read = True
             self._hosts = self.fresh_hosts()
         return self._hosts
+
+    def hosts_read(self) -> list[Host] | None:
+        """The host pool if this run has read it already (no call), else None."""
+        return self._hosts if self._hosts_read else None
 
     def fresh_hosts(self) -> list[Host] | None:
         """The host pool read now (one call)."""
@@ -144,7 +146,7 @@ class Gate:
         requests = self.requests.get(id(nodeset), ())
         free = Pool(hosts).free(requests) if hosts is not None and requests else None
         what = f"GPU {label(requests)}" if requests else "room"
-        oned = oned_message(vm.sched_message)
+        oned = vm.oned_message
         if free is not None and free < len(requests):
             reason = f"no free {what}: PENDING {nodeset.pending_timeout:g}s, {free} free (oned: {oned})"
         else:
@@ -171,12 +173,6 @@ class Gate:
         """all-or-nothing: job 7 cannot start whole (gpu04 cannot start)."""
         culprits = [node for node, ids in self.jobs.items() if job in ids and node in down]
         return f"all-or-nothing: job {job} cannot start whole ({fold(culprits)} cannot start)"
-
-
-def oned_message(text: str) -> str:
-    """A SCHED_MESSAGE without oned's date prefix ("Mon Nov 30 10:00:00 2026: Cannot ..."), shortened."""
-    lines = _CTIME.sub("", text.strip()).splitlines()
-    return lines[0][:80] if lines else "no message"
 
 
 def _request(data: Mapping[str, str]) -> PciRequest:

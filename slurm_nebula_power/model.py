@@ -49,8 +49,16 @@ TAG_CLUSTER = "SLURM_CLUSTER"
 TAG_NODE = "SLURM_NODENAME"
 TAG_JOBS = "SLURM_JOB_IDS"
 TAG_MANAGER = "SLURM_NEBULA_POWER"
+# SCHED_MESSAGEs of VMs a placement plan left for a later one, seen on free GPUs (bench/README.md, "Real
+# oned"): 7.4.0's dispatch limits; 7.0.2's for the same (its text, cut short by oned, also names System DS
+# capacity) and before the system datastore's first monitoring.  A real GPU shortage reads "Cannot
+# allocate VM. Not enough capacity in hosts 0,1" (7.0.2) or "[HOST] Unavailable PCI devices" (7.4.0).
+DISPATCH_WAITS = ("Dispatch limit reached on hosts",
+                  "Possible reasons: Not enough capacity in Host or System DS, dispatch",
+                  "No system datastores found to run VMs")
 
 
+_CTIME = re.compile(r"^\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} ?: ")  # oned's prefix of SCHED_MESSAGE
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
@@ -178,6 +186,22 @@ class Vm:
     def sched_message(self) -> str:
         """oned's scheduler message (why a PENDING VM is not placed), if any."""
         return str(self.user_template.get("SCHED_MESSAGE", ""))
+
+    @property
+    def oned_message(self) -> str:
+        """The SCHED_MESSAGE without oned's date prefix ("Mon Nov 30 10:00:00 2026: Cannot ..."), shortened."""
+        lines = _CTIME.sub("", self.sched_message.strip()).splitlines()
+        return printable(lines[0][:120]) if lines else "no message"
+
+    @property
+    def unplaceable(self) -> bool:
+        """PENDING with a SCHED_MESSAGE saying oned could not place it (capacity, PCI, ...).
+
+        oned's scheduler also marks the VMs a plan left out only for its dispatch limits (MAX_HOST in
+        schedulers/rank.conf, MAX_ACTIONS_PER_CLUSTER in oned.conf), e.g. 7.4's "[HOST] Dispatch limit
+        reached on hosts: 0,1,...": those wait for a later plan (DISPATCH_WAITS); no shortage."""
+        message = self.sched_message
+        return self.state == PENDING and bool(message) and not any(w in message for w in DISPATCH_WAITS)
 
     def is_ours(self, cluster: str, node: str) -> bool:
         """Identity, from what a guest cannot write: NAME is the node AND the CONTEXT set at instantiate names

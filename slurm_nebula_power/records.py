@@ -28,7 +28,8 @@ MOST_GPUS = 16  # PCI devices kept per record
 # Failure reasons -> a small, bounded set of categories (metric label values, usage summaries).
 # The reasons are the texts resume, suspend and reconcile give Slurm; first match wins.
 REASON_CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("no host with a free gpu", "no_capacity"),
+    ("no host with a free gpu", "no_capacity"),  # before 0.x: any SCHED_MESSAGE past boot_timeout
+    ("no host can take the vm", "no_capacity"),  # oned cannot place it, the resource unnamed (7.0)
     ("gpu shortage", "no_capacity"),  # the cooldown after one
     ("no free ", "no_capacity"),  # pending_timeout with the host pool showing none free
     ("cooldown", "no_capacity"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from .operation import (
     timed,
     unseen_vm,
 )
+from .pacing import Pacer, placing
 from .plan import Plan, extra_template, plan_resume
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,12 @@ class Boot:
     addr: str | None = None
     seen: str = ""
     running: int | None = None  # the VM recorded running
-    pending_since: float | None = None  # when this run first saw its VM PENDING
+    pending_since: float | None = None  # since when this run sees its VM PENDING with a SCHED_MESSAGE
 
 
 UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
+PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
+PACED = frozenset({"instantiate", "recreate", "resume", "release"})  # plans whose VM goes PENDING
 
 
 def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]) -> Outcome:
@@ -93,6 +96,9 @@ class _Resume:
         self.gate = Gate(ctx, jobs)
         self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
+        self.waiting: deque[tuple[Boot, Plan]] = deque()  # paced plans not sent yet (max_pending)
+        self.pacer = Pacer(ctx.config.opennebula.max_pending)
+        self.sends: list[tuple[list[Boot], int]] = []  # each send not looked at yet, with the window it had
 
     def run(self, boots: list[Boot]) -> None:
         """Read templates and the pool once, start every node, watch them, sweep what failed."""
@@ -112,8 +118,15 @@ class _Resume:
             plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
             plans = self._admit(plans)
+            hosts = self.gate.hosts_read()  # read for the GPU count (not for a node set without GPUs)
+            self.pacer = Pacer(ctx.config.opennebula.max_pending,
+                               None if hosts is None else sum(1 for h in hosts if h.placeable))
             for boot, plan in plans:
-                boot.future = self.pool.submit(self._start, boot, plan)
+                if plan.action in PACED:
+                    self.waiting.append((boot, plan))
+                else:
+                    boot.future = self.pool.submit(self._start, boot, plan)
+            self._send({vm.id: vm for vm in vms}, ctx.clock())
             self._watch(boots)
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
@@ -171,6 +184,57 @@ class _Resume:
             removal.result()
         hand_back(self.ctx, self.outcome, list(dict.fromkeys(boot.node for boot, _ in entries)), reason)
 
+    # -- pacing: waves no larger than oned places in a plan (pacing.py) --
+
+    def _send(self, snapshot: Mapping[int, Vm] | None, now: float) -> list[Boot]:
+        """After a pool read: let the pacer judge the sends it has looked at, then send the next wave if any.
+
+        The window counts the VMs of our user PENDING for oned to place (another resume's too: they share
+        the scheduler; one oned said it cannot place is left to pending_timeout) and our calls whose VM
+        no read has seen yet.  A node's boot_timeout counts from when its plan is sent, not from the start
+        of the run; one that could not be sent within boot_timeout of the start (oned placed nothing for
+        that long) is returned, to fail.  No snapshot (the pool query failed): nothing is sent.
+        """
+        settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
+        self.waiting = deque((b, p) for b, p in self.waiting if b.node not in settled)
+        expired = [b for b, _ in self.waiting if now >= b.deadline]
+        self.waiting = deque((b, p) for b, p in self.waiting if now < b.deadline)
+        if snapshot is None:
+            return expired
+        self._look(snapshot)
+        if not self.waiting:
+            return expired
+        unseen = sum(1 for b in self.boots.values() if b.future is not None)
+        room = self.pacer.room(placing(snapshot), unseen, len(self.waiting))
+        sent: list[Boot] = []
+        while self.waiting and len(sent) < room:
+            boot, plan = self.waiting.popleft()
+            boot.deadline = now + boot.nodeset.boot_timeout
+            boot.future = self.pool.submit(self._start, boot, plan)
+            sent.append(boot)
+        if sent:
+            self.sends.append((sent, self.pacer.limit))
+        if sent and self.waiting:
+            log.info("sent %d, %d waiting for oned to place the VMs before them (window %d, max_pending %d)",
+                     len(sent), len(self.waiting), self.pacer.limit, self.ctx.config.opennebula.max_pending)
+        return expired
+
+    def _look(self, snapshot: Mapping[int, Vm]) -> None:
+        """The window learns from each send whose calls have all answered (their VMs are in this read)."""
+        keep = []
+        for boots, limit in self.sends:
+            if any(b.future is not None for b in boots):
+                keep.append((boots, limit))
+                continue
+            vms = [snapshot.get(b.vm_id) for b in boots if b.vm_id is not None]
+            still = sum(1 for vm in vms if vm is not None and vm.state == PENDING and not vm.unplaceable)
+            before = self.pacer.limit
+            self.pacer.looked(len(boots), limit, still, placing(snapshot))
+            if self.pacer.limit != before:
+                log.info("window %d -> %d: %d of the %d VMs sent last still PENDING for oned to place",
+                         before, self.pacer.limit, still, len(boots))
+        self.sends = keep
+
     # -- starting a node (in the pool) --
 
     def _start(self, boot: Boot, plan: Plan) -> int:
@@ -208,12 +272,16 @@ class _Resume:
         active = list(boots)
         interval = Backoff(ctx.poll_first, ctx.config.power.poll_max)
         while active:
-            self._pause([b.future for b in active if b.future is not None], interval.next())
+            pause = interval.next()
+            if self.waiting:  # oned places a plan every few seconds: see it soon, send the next VMs
+                pause = min(pause, PACING_POLL)
+            self._pause([b.future for b in active if b.future is not None], pause)
             now = ctx.clock()
             failures = self._collect_calls(active, now)
             failing = {id(b) for b in _flat(failures)}
             known = [b for b in active if b.vm_id is not None and b.future is None and id(b) not in failing]
             snapshot = self._snapshot(known, now, failures)
+            seen = snapshot
             if snapshot is None:
                 known, snapshot = [], {}
             known = self._set_addresses(known, snapshot, failures)
@@ -236,6 +304,12 @@ class _Resume:
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
             if failures:
+                self._drag(snapshot)
+            expired = self._send(seen, now)
+            if expired:
+                reason = (f"not sent within boot_timeout: oned placed too few of the VMs before it "
+                          f"(max_pending {ctx.config.opennebula.max_pending})")
+                self._give_up(expired, snapshot, reason)
                 self._drag(snapshot)
             settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
             active = [b for b in active if b.node not in settled]
@@ -314,10 +388,11 @@ class _Resume:
         The VMs those calls made or resumed are then worth a look at once: oned leases their addresses
         at instantiate (NodeAddr can be set now), and a VM that boots fast is seen without a wasted pause.
         While calls are still in flight the pool is read at most every poll_max: their VMs are not up
-        yet, and reading a 1,000-VM pool holds the interpreter ~0.2 s, stalling the calls' threads.
+        yet, and reading a 1,000-VM pool holds the interpreter ~0.2 s, stalling the calls' threads;
+        except while nodes wait for the window: oned frees slots as it places, whatever is in flight.
         """
         if calls:
-            wait(calls, timeout=max(interval, self.ctx.config.power.poll_max))
+            wait(calls, timeout=interval if self.waiting else max(interval, self.ctx.config.power.poll_max))
         else:
             self.ctx.sleep(interval)
 
@@ -345,16 +420,20 @@ class _Resume:
             return self._retry_or(boot, now, f"VM failed to boot ({vm.state_name})")
         if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
             return "done"
-        if vm.state != PENDING:
+        # pending_timeout counts while oned says it cannot place the VM: a VM PENDING without a message,
+        # or left for the next plan by a dispatch limit, still waits for the scheduler (a burst), which
+        # proves no shortage.
+        if not vm.unplaceable:
             boot.pending_since = None
         elif boot.pending_since is None:
             boot.pending_since = now
-        elif vm.sched_message and now - boot.pending_since >= boot.nodeset.pending_timeout:
+        elif now - boot.pending_since >= boot.nodeset.pending_timeout:
             return UNPLACED
         if now < boot.deadline:
             return ""
-        if vm.state == PENDING and vm.sched_message:
-            return "no host with a free GPU (VM PENDING past boot_timeout)"
+        if vm.unplaceable:
+            what = "no free GPU" if "PCI" in vm.sched_message else "no host can take the VM"
+            return f"{what} (PENDING past boot_timeout; oned: {vm.oned_message})"
         if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
             return f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s (RUNNING)"
         return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"

@@ -81,6 +81,9 @@ def test_a_record_stays_one_short_line_whatever_the_reason(tmp_path) -> None:
 
 @pytest.mark.parametrize(("reason", "category"), [
     ("no host with a free GPU (VM PENDING past boot_timeout)", "no_capacity"),
+    ("no free GPU (PENDING past boot_timeout; oned: [HOST] Unavailable PCI devices on hosts: 0)", "no_capacity"),
+    ("no host can take the VM (PENDING past boot_timeout; oned: Cannot allocate VM. Not enough capacity in hosts 0)",
+     "no_capacity"),
     ("VM failed to boot (ACTIVE/BOOT_FAILURE)", "boot_failed"),
     ("not up after boot_timeout 6s (ACTIVE/BOOT)", "timeout"),
     ("OpenNebula: [one.template.instantiate] User couldn't be authenticated", "api_error"),

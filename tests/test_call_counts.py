@@ -1,11 +1,14 @@
 """API calls per run: resume and suspend of N nodes cost N actions plus a few pool and template queries.
 
 OpenNebula has no bulk instantiate, so N calls are the floor; everything else (template lookup, the
-plan's pool query, the polls that watch the VMs) must not grow with N. Not timed: bench/ measures time.
+plan's pool query, the polls that watch the VMs) must not grow with N, except for one pool query per
+wave of max_pending instantiates (resume paces a burst so oned's scheduler never stalls: the next wave is
+sent once a poll has seen the last placed). Not timed: bench/ measures time.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -14,11 +17,13 @@ from support import Setup, make_setup
 
 from opennebula_sim import Simulator, running_simulator
 from slurm_nebula_power.cli.main import resume_main, suspend_main
+from slurm_nebula_power.config import MAX_PENDING
 from slurm_nebula_power.errors import EXIT_OK
 
 N = 100
 NODES = "gpu[001-100]"
 SLACK = 10  # template lookup (2), the plan's pool query, and the polls that watch the VMs
+WAVES = math.ceil(N / MAX_PENDING)  # one more pool query per wave of resume's instantiates
 
 
 @pytest.fixture
@@ -44,7 +49,7 @@ def test_resume_and_suspend_of_100_nodes_use_at_most_n_plus_10_calls(sim, site, 
     sim.set_faults(latency_ms=latency_ms)
     assert resume_main([NODES], site.env) == EXIT_OK
     resumed = calls_of(sim)
-    assert sum(resumed.values()) <= N + SLACK, resumed
+    assert sum(resumed.values()) <= N + SLACK + WAVES, resumed
     assert resumed["one.template.instantiate"] == N
     assert sim.stats()["vms"] == {"RUNNING": N}
     sim.reset_stats()

@@ -352,3 +352,41 @@ def test_25_05_and_later_without_requeue_on_resume_failure_is_a_warning(sim, tmp
     [hit] = [f for f in found if f["subject"] == "slurm.conf SchedulerParameters"]
     assert code == EXIT_OK and hit["level"] == "warning"
     assert hit["fix"] == "add requeue_on_resume_failure to SchedulerParameters"
+
+
+def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import OK
+
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
+    assert found.level == OK
+    assert found.text.startswith("at most 30 VMs at once for oned to place")
+    for setting in ("MAX_HOST", "MAX_ACTIONS_PER_CLUSTER", "SCHED_MAX_WND_TIME", "SCHED_MAX_WND_LENGTH"):
+        assert setting in found.text
+
+
+def test_max_pending_above_the_stock_dispatch_limit_is_a_warning(site) -> None:
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import WARNING
+
+    edit(site.config, "max_parallel = 8\n", "max_parallel = 8\nmax_pending = 100\n")
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    [found] = [f for f in report.findings if f.subject == "[opennebula] max_pending"]
+    assert found.level == WARNING and "above its stock MAX_ACTIONS_PER_CLUSTER 30" in found.text
+    assert found.fix.startswith("set max_pending = 30 or below")
+    assert not report.problems
+
+
+def test_max_parallel_at_oned_stock_max_conn_is_a_warning(site) -> None:
+    from slurm_nebula_power.checks import run_checks
+    from slurm_nebula_power.findings import WARNING
+
+    subject = "[opennebula] max_parallel"
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    assert not [f for f in report.findings if f.subject == subject], "8 is below MAX_CONN 15"
+    edit(site.config, "max_parallel = 8\n", "max_parallel = 32\n")
+    report = run_checks(None, site.env, lambda config: OneCloud(config.opennebula))
+    [found] = [f for f in report.findings if f.subject == subject]
+    assert found.level == WARNING and "oned's stock MAX_CONN is 15" in found.text
+    assert found.fix.startswith("set max_parallel = 12 or lower")

@@ -119,3 +119,20 @@ def test_state_tables_match_pyone_and_the_simulator() -> None:
     assert all(model.LCM_NAMES[s.value] == s.name for s in pyone.LCM_STATE)  # pyone stops at 68
     assert model.LCM_NAMES == S.LCM_NAMES and model.STATE_NAMES == S.STATE_NAMES
     assert model.FAILURE_LCM == {n for n, name in S.LCM_NAMES.items() if name.endswith("FAILURE")}
+
+
+@pytest.mark.parametrize(("message", "unplaceable"), [
+    ("Tue Dec  1 08:53:32 2026: [HOST] Dispatch limit reached on hosts: 0,1,2,3,4,5,6,7,8,9", False),
+    ("Tue Dec  1 08:58:02 2026: Cannot dispatch VM to any Host. Possible reasons: Not enough capacity in Host "
+     "or System DS, dispatch... see more details in VM log", False),
+    ("Tue Dec  1 08:58:00 2026: Cannot dispatch VM: No system datastores found to run VMs", False),
+    ("", False),
+    ("Mon Nov 30 10:00:00 2026: Cannot allocate VM. Not enough capacity in hosts 0,1", True),
+    ("Mon Nov 30 10:00:00 2026: [HOST] Unavailable PCI devices on hosts: 0,1,2,3", True),
+    ("Mon Nov 30 10:00:00 2026 : Cannot dispatch VM to any Host. Check VM log for detailed reasons.", True),
+])
+def test_a_vm_left_for_a_later_plan_is_not_unplaceable(message: str, unplaceable: bool) -> None:
+    """What oned 7.0.2 and 7.4.0 wrote on VMs that waited for a dispatch limit with GPUs free, and on real
+    shortages (real-oned.md, bench/README.md "Real oned")."""
+    pending = Vm(id=1, name="gpu01", state=STATES["PENDING"], lcm_state=0, user_template={"SCHED_MESSAGE": message})
+    assert pending.unplaceable is unplaceable

@@ -122,11 +122,12 @@ def test_vm_pending_past_boot_timeout_is_terminated_and_node_handed_back(tmp_pat
         outcome = repair_drift(ctx, ctx.slurm.show_all_nodes, emit=lines.append, now=later)
         assert outcome.done == ["gpu04"] and not outcome.failed
         assert sim.vm(stuck).state == DONE
-    assert lines == [f"gpu04: node powering up, VM PENDING: no host with a free GPU; PENDING for longer than "
-                     f"boot_timeout 20s -> terminate VM {stuck} and hand back to Slurm: done"]
+    oned = "oned: Cannot allocate VM. Not enough capacity in hosts 0"  # 7.0's words: the resource unnamed
+    assert lines == [f"gpu04: node powering up, VM PENDING: no host can take the VM ({oned}); PENDING for "
+                     f"longer than boot_timeout 20s -> terminate VM {stuck} and hand back to Slurm: done"]
     [update] = site.updates()
     assert update[:2] == ["NodeName=gpu04", "State=POWER_DOWN_FORCE"]
-    assert update[2] == "Reason=nebula: reconcile: VM PENDING past boot_timeout 20s: no host with a free GPU"
+    assert update[2] == f"Reason=nebula: reconcile: VM PENDING past boot_timeout 20s: no host can take the VM ({oned})"
 
 
 def test_pending_vm_within_boot_timeout_is_left(sim, site, capsys) -> None:

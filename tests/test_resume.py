@@ -115,7 +115,9 @@ def test_no_free_gpu_is_handed_back_before_any_vm_is_created(tmp_path) -> None:
 
     with running_simulator(fast_config(hosts=1, gpus=2), auth=AUTH) as sim:
         setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
-            '[[nodeset]]\nnodes = "gpu[01-03]"\ntemplate = "slurm-gpu-worker"\nboot_timeout = 2\n'))
+            '[[nodeset]]\nnodes = "gpu[01-03]"\ntemplate = "slurm-gpu-worker"\nboot_timeout = 20\n'))
+        # One host: resume sends one VM a wave (oned places one per host a plan), so gpu02 goes after
+        # gpu01 is placed; 2 s of boot_timeout was too short for that on a loaded machine.
         assert resume_main(["gpu[01-03]"], setup.env) == EXIT_NODES_FAILED
         assert len(sim.vms()) == 2 and all(state(v) == RUNNING for v in sim.vms()), "no VM for gpu03"
         [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]

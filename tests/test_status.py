@@ -84,7 +84,8 @@ def test_node_powering_up_with_vm_pending_for_lack_of_a_gpu(tmp_path, capsys) ->
         site.set_nodes(show("gpu01 State=ALLOCATED+CLOUD+POWERING_UP"))
         code, found = rows(capsys, site.env, "gpu01")
     assert code == EXIT_NODES_FAILED
-    assert found["gpu01"]["problems"] == ["node powering up, VM PENDING: no host with a free GPU"]
+    assert found["gpu01"]["problems"] == ["node powering up, VM PENDING: no host can take the VM (oned: Cannot "
+                                          "allocate VM. Not enough capacity in hosts 0)"]
 
 
 @pytest.mark.parametrize(("state", "vm_state", "problem"), [
@@ -209,6 +210,33 @@ def test_diagnose_respects_grace_by_vm_age() -> None:
     assert drift.diagnose(view, now=1100, grace=300).repair is None
     late = drift.diagnose(view, now=1400, grace=300)
     assert late.repair is not None and late.repair.terminate == (vm,) and not late.repair.hand_back
+
+
+@pytest.mark.parametrize(("message", "problems", "why"), [
+    # 7.4.0 and 7.0.2 on a burst, GPUs free: the VM waits for a later placement plan, no problem
+    ("Tue Dec  1 08:53:32 2026: [HOST] Dispatch limit reached on hosts: 0,1,2", [],
+     ", waiting for oned's scheduler (oned: [HOST] Dispatch limit reached on hosts: 0,1,2)"),
+    ("Tue Dec  1 08:58:02 2026: Cannot dispatch VM to any Host. Possible reasons: Not enough capacity in Host "
+     "or System DS, dispatch...", [], ", waiting for oned's scheduler (oned: Cannot dispatch VM to any Host. "
+     "Possible reasons: Not enough capacity in Host or System DS, dispatch...)"),
+    # a real shortage: "no free GPU" only where oned names the PCI devices
+    ("Mon Nov 30 10:00:00 2026: [HOST] Unavailable PCI devices on hosts: 0,1",
+     ["node powering up, VM PENDING: no free GPU (oned: [HOST] Unavailable PCI devices on hosts: 0,1)"],
+     ": no free GPU (oned: [HOST] Unavailable PCI devices on hosts: 0,1)"),
+    ("Mon Nov 30 10:00:00 2026: Cannot allocate VM. Not enough capacity in hosts 0,1",
+     ["node powering up, VM PENDING: no host can take the VM (oned: Cannot allocate VM. Not enough capacity "
+      "in hosts 0,1)"], ": no host can take the VM (oned: Cannot allocate VM. Not enough capacity in hosts 0,1)"),
+])
+def test_a_pending_vm_is_described_in_oned_s_words(message: str, problems: list[str], why: str) -> None:
+    from slurm_nebula_power.config import NodeSet
+    from slurm_nebula_power.model import PENDING
+
+    vm = Vm(id=1, name="n1", state=PENDING, lcm_state=0, stime=1000, user_template={"SCHED_MESSAGE": message})
+    starting = NodeState("n1", "ALLOCATED+CLOUD+POWERING_UP")
+    view = drift.NodeView("n1", NodeSet("n1", ("n1",), "t", boot_timeout=600), starting, [vm])
+    assert list(drift.diagnose(view, now=1100, grace=300).problems) == problems
+    late = drift.diagnose(view, now=2000, grace=300)  # past boot_timeout: the repair's reason says why
+    assert late.repair is not None and late.repair.reason == f"VM PENDING past boot_timeout 600s{why}"
 
 
 # ---- the real controller ----------------------------------------------------------------------------

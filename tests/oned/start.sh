@@ -7,7 +7,9 @@
 # (also in DIR/env; DIR/cli.env sets ONE_LOCATION, ONE_AUTH, ONE_XMLRPC, PATH for OpenNebula's CLI).
 # Everything keeps running; stop it with stop.sh DIR.  Pids started: DIR/pids.
 # Env: ONE_VERSION (7.4.0), ONED_HOSTS (4), ONED_GPUS (1 per host), ONED_START_TIMEOUT (90 s per wait),
-#      ONED_SCHED_RETRY_TIME (5), ONED_DS_INTERVAL (10, MONITORING_INTERVAL_DATASTORE), ONED_NET_IP (10.66.0.1), ONED_NET_SIZE (4000), ONED_CACHE (see build.sh).
+#      ONED_SCHED_RETRY_TIME (5), ONED_DS_INTERVAL (10, MONITORING_INTERVAL_DATASTORE), ONED_NET_IP (10.66.0.1), ONED_NET_SIZE (4000), ONED_CACHE (see build.sh),
+#      ONED_STATE_VM_PERIOD, ONED_MONITOR_VM_PERIOD (monitord's PROBES_PERIOD, stock 5 and 30 s: one Ruby
+#      probe per host each period, stretch them for tens of hosts).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -93,7 +95,8 @@ done
 # ---- ports and configuration -----------------------------------------------------------------------
 read -r ONED_PORT MON_PORT HM_PUB HM_REP GATE_PORT GRPC_PORT <<<"$("$PY" "$HERE/onedctl.py" ports 6 | tr '\n' ' ')"
 "$PY" "$HERE/onedctl.py" configure "$DIR" oned_port="$ONED_PORT" monitord_port="$MON_PORT" \
-    hm_pub_port="$HM_PUB" hm_rep_port="$HM_REP" onegate_port="$GATE_PORT" grpc_port="$GRPC_PORT" sched_retry_time="$SCHED_RETRY" ds_interval="$DS_INTERVAL"
+    hm_pub_port="$HM_PUB" hm_rep_port="$HM_REP" onegate_port="$GATE_PORT" grpc_port="$GRPC_PORT" sched_retry_time="$SCHED_RETRY" ds_interval="$DS_INTERVAL" \
+    state_vm="${ONED_STATE_VM_PERIOD:-}" monitor_vm="${ONED_MONITOR_VM_PERIOD:-}"
 PASSWORD="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 AUTH="oneadmin:$PASSWORD"
 ( umask 077; echo "$AUTH" > "$DIR/one_auth" )

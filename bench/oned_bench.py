@@ -1,0 +1,254 @@
+"""Resume and suspend against a real oned (tests/oned), beside the simplest clients of the same oned.
+
+    python bench/oned_bench.py [--version 7.4.0] [--hosts 10] [--gpus 100]
+        [--clients accept:100,window:30:300,wave:30:300,...] [--resume 100:32:30,...] [--baseline 100]
+
+A benchmark, not a test: it prints figures (Markdown on stdout, every sample in a JSON file) and asserts
+nothing about time.  It starts its own oned with tests/oned/start.sh (everything on 127.0.0.1, the
+network's addresses in 127.3.0.0/16, records only) and stops it with stop.sh, also after a stall, when it
+starts a fresh one for the next run.  See bench/README.md, "Real oned".
+
+--clients items (plain xmlrpc.client, 32 threads, bench/onedpace.py):
+  accept:N          N instantiates at once, until the last one answered (oned's accept rate)
+  burst:N           N at once, watched until all RUNNING (or stalled)
+  wave:W:N          waves of W, the next once the last wave's VMs all left PENDING
+  window:W:N        at most W VMs PENDING (or being instantiated) at any time
+  resume:N:P:W      a --resume item run here, between the clients (the same oned, minutes apart)
+--resume items: N:MAX_PARALLEL:MAX_PENDING, the installed slurm-nebula-resume then slurm-nebula-suspend
+of N nodes, started as slurmctld starts them (bench/power_bench.py's launcher).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import onedpace  # noqa: E402  (bench/ is not a package)
+import power_bench  # noqa: E402
+
+ONED = HERE.parent / "tests" / "oned"
+NET_IP, NET_SIZE = "127.3.0.1", "4000"
+BASH = shutil.which("bash") or "/bin/bash"
+
+
+class Oned:
+    """One instance of tests/oned under a private directory."""
+
+    def __init__(self, work: Path, version: str, hosts: int, gpus: int) -> None:
+        self.version, self.hosts, self.gpus = version, hosts, gpus
+        self.dir = work / f"oned-{version}"
+        self.endpoint = self.auth = ""
+
+    def start(self) -> None:
+        """start.sh; raise SystemExit when it fails."""
+        self.stop()
+        env = {**os.environ, "ONE_VERSION": self.version, "ONED_HOSTS": str(self.hosts),
+               "ONED_GPUS": str(self.gpus), "ONED_NET_IP": NET_IP, "ONED_NET_SIZE": NET_SIZE,
+               "ONED_DS_INTERVAL": "4", "ONED_START_TIMEOUT": "300",
+               # one Ruby probe per host per period: stock 5 s (STATE_VM) on 30 hosts took most of 2 cores
+               # and failed host monitoring at start-up; placement does not depend on them (dummy driver)
+               "ONED_STATE_VM_PERIOD": "60", "ONED_MONITOR_VM_PERIOD": "300"}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([BASH, str(ONED / "start.sh"), str(self.dir)], env=env, capture_output=True,
+                              text=True, timeout=600)
+        (self.dir.parent / f"start-{self.version}.err").write_text(done.stderr)
+        if done.returncode:
+            self.stop()
+            said = [line for line in done.stderr.splitlines() if line.startswith(("start.sh", "onedctl"))]
+            raise SystemExit(f"oned {self.version} did not start: {' / '.join(said)[-800:]}")
+        values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+        self.endpoint, self.auth = values["ENDPOINT"], values["AUTH"]
+        if not self.endpoint.startswith("http://127."):
+            self.stop()
+            raise SystemExit(f"oned endpoint {self.endpoint} is not a loopback one")
+
+    def stop(self) -> None:
+        """stop.sh (idempotent)."""
+        if self.dir.exists():
+            subprocess.run([BASH, str(ONED / "stop.sh"), str(self.dir)], capture_output=True, timeout=180)
+
+    def client(self) -> onedpace.Client:
+        return onedpace.Client(self.endpoint, self.auth)
+
+
+def run_client(oned: Oned, item: str) -> dict[str, Any]:
+    """One --clients item on a clean oned (restarted first if the last run stalled)."""
+    kind, *numbers = item.split(":")
+    client = oned.client()
+    tid = client.template_id("slurm-gpu-worker")
+    prefix = "pace-"
+    client.clean(prefix)
+    if kind == "accept":
+        nodes = int(numbers[0])
+        seconds = onedpace.accept_rate(client, tid, nodes, 32, prefix)
+        out: dict[str, Any] = {"item": item, "nodes": nodes, "accepted": seconds, "per_second": nodes / seconds}
+    else:
+        width, nodes = (0, int(numbers[0])) if kind == "burst" else (int(numbers[0]), int(numbers[1]))
+        run = onedpace.paced(client, tid, nodes, kind, width, prefix)
+        out = {"item": item, **vars(run)}
+    try:
+        client.clean(prefix)
+        out["clean"] = "ok"
+    except (RuntimeError, OSError) as exc:
+        out["clean"] = str(exc)
+    return out
+
+
+def write_site(root: Path, oned: Oned, nodes: int, parallel: int, max_pending: int) -> dict[str, str]:
+    """power_bench's site, pointed at the real oned (its credentials, 127.3.x addresses)."""
+    env = power_bench.write_site(root, oned.endpoint, parallel, nodes)
+    (root / "one_auth").write_text(oned.auth + "\n")
+    conf = root / "nebula-power.toml"
+    text = conf.read_text().replace(f"max_parallel = {parallel}\n",
+                                    f"max_parallel = {parallel}\nmax_pending = {max_pending}\n")
+    conf.write_text(text + textwrap.dedent("""\
+        boot_timeout = 900
+        """))
+    return env
+
+
+def run_resume(oned: Oned, item: str, work: Path) -> dict[str, Any]:
+    """One --resume item: resume then suspend N nodes with the installed programs."""
+    nodes, parallel, max_pending = (int(x) for x in item.split(":"))
+    root = work / f"site-{item.replace(':', '-')}"
+    shutil.rmtree(root, ignore_errors=True)
+    env = write_site(root, oned, nodes, parallel, max_pending)
+    client = oned.client()
+    out: dict[str, Any] = {"item": item, "nodes": nodes, "max_parallel": parallel, "max_pending": max_pending}
+    for program, name in (("resume", "slurm-nebula-resume"), ("suspend", "slurm-nebula-suspend")):
+        extra = {"SLURM_RESUME_FILE": power_bench.resume_file(root, nodes)} if program == "resume" else {}
+        result = power_bench.launch(name, [power_bench.hostlist(nodes)], {**env, **extra})
+        states = client.states("gpu")
+        running = sum(1 for s in states.values() if s[0] == onedpace.ACTIVE and s[1] == onedpace.RUNNING_LCM)
+        result["ok"] = result["rc"] == 0 and (running == nodes if program == "resume" else not states)
+        out[program] = result
+    client.clean("gpu")
+    return out
+
+
+def run_baseline(oned: Oned, nodes: int, work: Path) -> dict[str, Any]:
+    """bench/baseline.py (one node after another, plain pyone) against the real oned; resume's figure
+    includes the wait until every VM is RUNNING (the baseline itself does not wait)."""
+    root = work / f"baseline-{nodes}"
+    shutil.rmtree(root, ignore_errors=True)
+    write_site(root, oned, nodes, 1, 1)
+    client = oned.client()
+    out: dict[str, Any] = {"nodes": nodes}
+    for program in ("resume", "suspend"):
+        start = time.monotonic()
+        out[program] = power_bench.launch_argv(
+            [sys.executable, str(HERE / "baseline.py"), program, oned.endpoint, str(root / "one_auth"),
+             power_bench.CLUSTER, f"1-{nodes}", "scan"], {})
+        while time.monotonic() - start < 1800:
+            states = client.states("gpu")
+            running = sum(1 for s in states.values() if s[0] == onedpace.ACTIVE and s[1] == onedpace.RUNNING_LCM)
+            if (program == "suspend" and not states) or (program == "resume" and running == nodes):
+                break
+            time.sleep(0.25)
+        out[program]["until_done"] = time.monotonic() - start
+    client.clean("gpu")
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The figures as Markdown tables."""
+    m, a = result["machine"], result["args"]
+    lines = [f"# oned_bench: oned {a['version']}, {a['hosts']} hosts x {a['gpus']} GPUs, "
+             f"MAX_ACTIONS_PER_CLUSTER 30, MAX_ACTIONS_PER_HOST 1, window 10 s / 7, STATE_VM 60 s, MONITOR_VM 300 s",
+             "", f"{m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gb']} GB, Python {m['python']}, "
+             f"{m['date']}, load before/after {m['load_before']} / {m.get('load_after')}", ""]
+    if result["clients"]:
+        lines += ["| client | nodes | accepted s | per s | all RUNNING s | stalled | max PENDING |",
+                  "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+        for r in result["clients"]:
+            per = r.get("per_second")
+            allrun = r.get("all_running")
+            lines.append(f"| {r['item']} | {r['nodes']} | {r['accepted']:.1f} | "
+                         f"{f'{per:.0f}' if per else '-'} | {f'{allrun:.1f}' if allrun else '-'} | "
+                         f"{'YES' if r.get('stalled') else 'no'} | {r.get('max_pending', '-')} |")
+    if result["resume"]:
+        lines += ["", "| program | nodes | max_parallel | max_pending | wall s | CPU s | rc | ok |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for r in result["resume"]:
+            for program in ("resume", "suspend"):
+                p = r[program]
+                lines.append(f"| {program} | {r['nodes']} | {r['max_parallel']} | {r['max_pending']} | "
+                             f"{p['wall']:.1f} | {p['cpu']:.2f} | {p['rc']} | {'yes' if p['ok'] else 'NO'} |")
+    for r in result["baseline"]:
+        lines += ["", f"one-by-one baseline, {r['nodes']} nodes: resume {r['resume']['wall']:.1f} s "
+                  f"(rc {r['resume']['rc']}; all RUNNING after {r['resume']['until_done']:.1f} s), suspend "
+                  f"{r['suspend']['wall']:.1f} s (rc {r['suspend']['rc']}; all gone after "
+                  f"{r['suspend']['until_done']:.1f} s)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start oned, run every item, stop oned, print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", default="7.4.0", choices=("7.0.2", "7.4.0"))
+    parser.add_argument("--hosts", type=int, default=10)
+    parser.add_argument("--gpus", type=int, default=100, help="GPUs per host (at most 200)")
+    parser.add_argument("--clients", default="", help="comma-separated client runs (see above)")
+    parser.add_argument("--resume", default="", help="comma-separated N:MAX_PARALLEL:MAX_PENDING")
+    parser.add_argument("--baseline", default="", help="node counts for the one-by-one baseline")
+    parser.add_argument("--json", default="", help="where to write the JSON figures")
+    parser.add_argument("--workdir", help="directory for oned and the sites (default: a temporary one)")
+    args = parser.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="oned_bench-"))
+    result: dict[str, Any] = {"args": vars(args), "machine": power_bench.machine(), "clients": [],
+                              "resume": [], "baseline": []}
+    oned = Oned(work, args.version, args.hosts, args.gpus)
+    json_path = Path(args.json or work / f"oned_bench-{args.version}.json")
+    started = time.monotonic()
+    try:
+        print(f"starting oned {args.version} ({args.hosts} x {args.gpus} GPUs) ...", file=sys.stderr)
+        oned.start()
+        for item in filter(None, args.clients.split(",")):
+            if item.startswith("resume:"):  # resume between the clients: the same oned, minutes apart
+                print(f"resume {item} ...", file=sys.stderr, flush=True)
+                row = run_resume(oned, item.removeprefix("resume:"), work)
+                print(f"  {json.dumps(row)}", file=sys.stderr, flush=True)
+                result["resume"].append(row)
+                json_path.write_text(json.dumps(result, indent=1) + "\n")
+                continue
+            print(f"client {item} ...", file=sys.stderr, flush=True)
+            row = run_client(oned, item)
+            print(f"  {json.dumps({k: v for k, v in row.items() if k != 'timeline'})}", file=sys.stderr, flush=True)
+            result["clients"].append(row)
+            if row.get("stalled") or row.get("clean") != "ok":
+                print("  stalled: restarting oned", file=sys.stderr, flush=True)
+                oned.start()
+            json_path.write_text(json.dumps(result, indent=1) + "\n")
+        for item in filter(None, args.resume.split(",")):
+            print(f"resume {item} ...", file=sys.stderr, flush=True)
+            row = run_resume(oned, item, work)
+            print(f"  {json.dumps(row)}", file=sys.stderr, flush=True)
+            result["resume"].append(row)
+            json_path.write_text(json.dumps(result, indent=1) + "\n")
+        for nodes in filter(None, args.baseline.split(",")):
+            print(f"baseline {nodes} ...", file=sys.stderr, flush=True)
+            result["baseline"].append(run_baseline(oned, int(nodes), work))
+    finally:
+        oned.stop()
+    result["bench_seconds"] = time.monotonic() - started
+    result["machine"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    print(markdown(result))
+    print(f"\n(benchmark took {result['bench_seconds']:.0f} s; JSON in {json_path})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
