@@ -67,7 +67,8 @@ def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1"
     last = (done.stderr.strip().splitlines() or [""])[-1]
     if done.returncode == NOT_BUILT or "no OpenNebula" in done.stderr:
         shutil.rmtree(root, ignore_errors=True)
-        raise OnedUnavailable(f"oned {version}: {last.removeprefix('build.sh: ')}; {HOW}")
+        why = last.removeprefix("build.sh: ")
+        raise OnedUnavailable(f"oned {version}: {why}" + ("" if "ONE_SOURCE" in why else f"; {HOW}"))
     if done.returncode != 0:
         subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(root / "one")], capture_output=True, timeout=120)
         tail = " | ".join(done.stderr.strip().splitlines()[-6:])

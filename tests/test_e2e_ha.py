@@ -99,7 +99,7 @@ def test_backup_controller_takes_over_a_resume_in_flight_one_vm_per_node(e2e, ki
             f"{[c.sinfo_state(n) for n in NODES]} at {[c.node_info(n).get('NodeAddr') for n in NODES]}, "
             f"job {c.job_state(job)}")
     end = c.wait_job(job, ["COMPLETED", "FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT"], timeout=120)
-    measure("job end", f"{end}: {c.job_info(job)}, nodes at {[c.node_info(n).get('NodeAddr') for n in NODES]}")
+    measure("job end", f"{end}, nodes at {[c.node_info(n).get('NodeAddr') for n in NODES]}")
     if end != "COMPLETED" and kill_point == "before-state-save" and c.version < (23, 11):
         # The primary had taken resume's NodeAddr but died before saving it: the backup has the node names
         # as addresses, and before 23.11 registration does not replace them (no cloud_reg_addrs).
