@@ -34,8 +34,14 @@ def test_demo_runs_start_to_finish_without_slurm(capsys) -> None:
         assert seen.index("ACTIVE/RUNNING") < seen.index("DONE")
         order = [state for state in seen if state in FORWARD]
         assert order == sorted(order, key=FORWARD.index), "states only move forward"
-    assert re.search(r"would run: scontrol update NodeName=gpu01,gpu02,gpu03,gpu04 NodeAddr=127\.0\.1\.\d+,",
-                     out)
+    # Each node's address goes to Slurm once, as its VM gets it (resume sends in waves: one update per wave).
+    addrs = {}
+    for names, ips in re.findall(r"would run: scontrol update NodeName=(\S+) NodeAddr=(\S+) ", out):
+        for name, ip in zip(names.split(","), ips.split(","), strict=True):
+            assert name not in addrs, f"{name}'s address sent twice"
+            addrs[name] = ip
+    assert sorted(addrs) == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert all(re.fullmatch(r"127\.0\.1\.\d+", ip) for ip in addrs.values()), addrs
     assert "resume: 4 done, 0 failed; 0 of 4 GPUs free" in out
     assert "slurm-nebula-prolog (the PrologSlurmctld) lets the waiting job start at once" in out
     table = [line.split() for line in lines if re.match(r"\s+gpu0\d\s+n/a\s", line)]
