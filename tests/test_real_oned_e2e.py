@@ -23,7 +23,7 @@ from pathlib import Path
 import pyone
 import pytest
 from test_real_oned_programs import gpu_holders, pool, wipe
-from test_worker import BOOT, GUEST, HALT, WORKER, stop_vm_daemons, write_config
+from test_worker import stop_vm_daemons, vm_scripts, write_config
 
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.model import DONE
@@ -102,12 +102,7 @@ def real_site(oned, slurm_factory, tmp_path) -> Iterator:
     index, nodeset = pick_nodeset(config, None)
     one = pyone.OneServer(oned.endpoint, session=oned.auth)
     template_id = one.template.allocate(render(config, index, nodeset))  # what `template` prints, as is
-    vms = cluster.base / "vms"
-    vms.mkdir()
-    vms.chmod(0o755)
-    boot, halt = cluster.base / "bin" / "vm-boot", cluster.base / "bin" / "vm-halt"
-    boot.write_text(BOOT.format(root=vms, worker=WORKER, guest=GUEST))
-    halt.write_text(HALT.format(root=vms, slurm_run=cluster.run_dir))
+    vms, boot, halt = vm_scripts(cluster)
     hypervisor = Hypervisor(oned, boot, halt, vms)
     yield cluster, oned, vms
     hypervisor.stop()

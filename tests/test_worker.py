@@ -89,6 +89,17 @@ class Site:
         raise AssertionError(f"no VM booted for {node}")
 
 
+def vm_scripts(cluster: SlurmCluster) -> tuple[Path, Path, Path]:
+    """The VMs' directory and the on-running/on-stopped hooks that boot and halt a "VM" there."""
+    vms = cluster.base / "vms"
+    vms.mkdir()
+    vms.chmod(0o755)
+    boot, halt = cluster.base / "bin" / "vm-boot", cluster.base / "bin" / "vm-halt"
+    boot.write_text(BOOT.format(root=vms, worker=WORKER, guest=GUEST))
+    halt.write_text(HALT.format(root=vms, slurm_run=cluster.run_dir))
+    return vms, boot, halt
+
+
 def controller_address(cluster: SlurmCluster) -> str:
     port = next(line.split("=", 1)[1] for line in cluster.conf.read_text().splitlines()
                 if line.startswith("SlurmctldPort="))
@@ -153,12 +164,7 @@ def site_factory(slurm_factory, tmp_path) -> Iterator:
         config = load_config(write_config(cluster, "http://127.0.0.1:9/RPC2", boot_timeout), cluster.env)
         index, nodeset = pick_nodeset(config, None)
         body = edit(render(config, index, nodeset))
-        vms = cluster.base / "vms"
-        vms.mkdir()
-        vms.chmod(0o755)
-        boot, halt = cluster.base / "bin" / "vm-boot", cluster.base / "bin" / "vm-halt"
-        boot.write_text(BOOT.format(root=vms, worker=WORKER, guest=GUEST))
-        halt.write_text(HALT.format(root=vms, slurm_run=cluster.run_dir))
+        vms, boot, halt = vm_scripts(cluster)
         sim_config = SimConfig(hosts=default_hosts(2, 2), durations=Durations(0.2, 0.5, 0.2, 0.2),
                                templates=(TemplateSpec(id=0, name=TEMPLATE, body=body),),
                                on_running=("/bin/sh", str(boot)), on_stopped=("/bin/sh", str(halt)))
@@ -216,10 +222,10 @@ def test_nodes_boot_through_the_worker_and_a_job_runs(site_factory) -> None:
             else []
         assert argv[1:] == ["-N", node, "--conf-server", controller_address(cluster), *instance, "-b"]
         info = cluster.node_info(node)
-        assert info["NodeAddr"] == vm.ip
         finding("after the worker's slurmd registered: NodeAddr; InstanceId/InstanceType",
                 f"{'the VM IP' if info['NodeAddr'] == vm.ip else info['NodeAddr']}; "
                 f"{info.get('InstanceId', '(none)')}/{info.get('InstanceType', '(none)')} (VM {vm.id})")
+        assert info["NodeAddr"] == vm.ip
         if instance:  # 23.11 to 25.11 take slurmd's, 26.05 keeps resume's: the VM's id either way
             assert (info.get("InstanceId"), info.get("InstanceType")) == (str(vm.id), "opennebula"), info
 
