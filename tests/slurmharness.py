@@ -144,9 +144,10 @@ note(event="call", argv=sys.argv[1:], env=dict(os.environ), resume_file=_content
 HOSTS = subprocess.run([SCONTROL, "show", "hostnames", sys.argv[1]], capture_output=True, text=True,
                        timeout=30).stdout.split() if len(sys.argv) > 1 else []
 def scontrol(*args):
+    started = time.time()
     p = subprocess.run([SCONTROL, *args], capture_output=True, text=True, timeout=30,
                        stdin=subprocess.DEVNULL)
-    note(event="scontrol", args=list(args), rc=p.returncode, out=p.stdout + p.stderr)
+    note(event="scontrol", args=list(args), rc=p.returncode, out=p.stdout + p.stderr, started=started)
     return p
 def boot(nodes, addrs, guest_addrs=None):
     """Tell Slurm each node's address, then start its slurmd (-b: fresh boot) as a VM at that address

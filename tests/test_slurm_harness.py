@@ -155,16 +155,18 @@ def test_power_down_force_with_reason_hands_a_node_back_at_once(slurm_factory, t
     # Requeued now, not at ResumeTimeout; the reason stays visible; SuspendProgram runs for the node.
     cluster.wait_for(lambda: cluster.job_info(job).get("Restarts") == "1", 15, "job requeued")
     requeued = time.time()
-    [hand_back] = [r for r in cluster.read_jsonl(tmp_path / "resume.jsonl") if r["event"] == "scontrol"]
+    # slurmctld may requeue the job before the scontrol that caused it has returned and been recorded.
+    [hand_back] = cluster.wait_for(lambda: [r for r in cluster.read_jsonl(tmp_path / "resume.jsonl")
+                                            if r["event"] == "scontrol"], 30, "the hand-back recorded")
     info = cluster.node_info("cloud1")
     assert info["Reason"].startswith("test: no GPU [")
     [called] = cluster.wait_for(lambda: cluster.read_jsonl(tmp_path / "suspend.jsonl"), 10,
                                 "SuspendProgram called")
     finding("hand-back State=POWER_DOWN_FORCE: job requeued, node state then",
-            f"{requeued - hand_back['t']:.1f} s after the command (polled every 0.2 s); {info['State']}")
-    finding("hand-back: SuspendProgram called for the node", f"{called['t'] - hand_back['t']:.1f} s after")
+            f"{requeued - hand_back['started']:.1f} s after the command (polled every 0.2 s); {info['State']}")
+    finding("hand-back: SuspendProgram called for the node", f"{called['t'] - hand_back['started']:.1f} s after")
     # After SuspendTimeout the node is resumed again for the requeued job, which then completes.
     cluster.wait_job(job, ["COMPLETED"], timeout=40)
     finding("hand-back: the requeued job completed (SuspendTimeout 10, cred_expire 10)",
-            f"{time.time() - hand_back['t']:.1f} s after the hand-back")
+            f"{time.time() - hand_back['started']:.1f} s after the hand-back")
     assert "Reason" not in cluster.node_info("cloud1")  # cleared when the node registered
