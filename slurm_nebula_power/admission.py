@@ -35,7 +35,8 @@ def admit(needs: Sequence[Need], jobs: Mapping[str, Sequence[int]], all_or_nothi
     free: dict[str, int] = {}
     for need in wanting.values():
         per_set[need.nodeset] = per_set.get(need.nodeset, 0) + len(need.requests)
-        free.setdefault(need.nodeset, pool.free(need.requests))
+        if need.nodeset not in free:  # once a node set: setdefault would count the pool for every node
+            free[need.nodeset] = pool.free(need.requests)
     for need in needs:
         if need.requests and need.queued:
             pool.take(need.requests)
