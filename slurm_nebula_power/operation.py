@@ -236,7 +236,7 @@ def hand_back(ctx: Context, outcome: Outcome, nodes: Sequence[str], reason: str)
         log.error("could not hand %s back to Slurm (%s): %s", fold(nodes), reason, exc)
 
 
-def log_by_kind(items: Iterable[tuple[str, str, Vm | None]]) -> None:
+def log_by_kind(items: Iterable[tuple[str, str, Vm | None]], level: int = logging.INFO) -> None:
     """One log line per kind (a plan, a state) naming its nodes and VMs, not one line per node.
 
     A 1,000-node run otherwise writes thousands of lines that say the same thing, and each costs
@@ -249,4 +249,4 @@ def log_by_kind(items: Iterable[tuple[str, str, Vm | None]]) -> None:
         if vm is not None:
             vms.append(str(vm.id))
     for kind, (nodes, vms) in groups.items():
-        log.info("%s nodes=%s vms=%s", kind, fold(nodes), ",".join(vms) or "none")
+        log.log(level, "%s nodes=%s vms=%s", kind, fold(nodes), ",".join(vms) or "none")

@@ -92,9 +92,13 @@ def power_down(ctx: Context, nodes: Sequence[str], why: str, force: bool) -> Out
                     task.record(ctx)  # dropped at once: oned frees its host share now
             tasks = [t for t in pending if t.issued != "recover-delete"]
             if now >= deadline:
-                for task in tasks:
-                    outcome.fail(task.node, f"VM {task.vm.id} still {task.vm.state_name} after "
-                                 f"{config.power.suspend_timeout:g}s")
+                # One reason per state, so that the summary of 1,000 late VMs is a line, not a page; the
+                # VM ids are in the warning.
+                late = [(f"VM still {t.vm.state_name} after {config.power.suspend_timeout:g}s", t.node, t.vm)
+                        for t in tasks]
+                log_by_kind(late, logging.WARNING)
+                for reason, node, _ in late:
+                    outcome.fail(node, reason)
                 break
             if not tasks:
                 break

@@ -7,7 +7,7 @@ from simfixtures import AUTH, calls, vms_of
 
 from opennebula_sim import states as S
 from slurm_nebula_power.cli.main import resume_fail_main, resume_main, suspend_main
-from slurm_nebula_power.errors import EXIT_OK
+from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 
 
 def gpus_held(sim) -> int:
@@ -64,3 +64,19 @@ def test_resume_fail_terminates_whatever_state(sim, setup) -> None:
     assert vms_of(sim, "gpu01") == [] and vms_of(sim, "gpu02") == []
     assert gpus_held(sim) == 0
     assert "resume failed" in setup.log_text()
+
+
+def test_vms_still_up_at_suspend_timeout_make_one_reason_and_one_warning_naming_their_ids(sim, setup) -> None:
+    assert resume_main(["gpu[01-03]"], setup.env) == EXIT_OK
+    setup.config.write_text(setup.config.read_text().replace("suspend_timeout = 15", "suspend_timeout = 2"))
+    ids = set()
+    for node in ("gpu01", "gpu02", "gpu03"):
+        [vm] = vms_of(sim, node)
+        sim.lock_vm(vm.id)  # refuses every action: the VM stays RUNNING
+        ids.add(str(vm.id))
+    assert suspend_main(["gpu[01-03]"], setup.env) == EXIT_NODES_FAILED
+    log = setup.log_text()
+    assert "0 done, 3 failed (VM still ACTIVE/RUNNING after 2s: gpu[01-03])" in log
+    late = " WARNING VM still ACTIVE/RUNNING after 2s nodes=gpu[01-03] "
+    [warning] = [line for line in log.splitlines() if late in line]
+    assert set(warning.rpartition("vms=")[2].split(",")) == ids
