@@ -32,6 +32,9 @@ from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
 
 STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
 STOCK_MAX_CONN = 15  # oned.conf MAX_CONN (XML-RPC connections served at once) as shipped
+# Seconds from one placement plan to the next with the stock scheduler settings, as measured on the dummy
+# drivers with waves of one VM per host (bench/README.md, "Real oned": 10.3 s on 7.0.2, 13.4 s on 7.4.0).
+PLAN_SECONDS = 14
 MEMORY_TIGHT = 0.97  # RealMemory above this share of MEMORY is likely above what the guest reports
 
 
@@ -135,6 +138,8 @@ def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
         report.ok(subject, f"at most {pending} VMs at once for oned to place (PENDING without a shortage "
                   "message, or being sent), and at most one per host that takes VMs (what a plan places with "
                   f"MAX_HOST 1), the next wave once oned placed the last; {settings}{rate}")
+    if per_plan:
+        check_burst_time(report, config, per_plan)
     parallel = config.opennebula.max_parallel
     if parallel >= STOCK_MAX_CONN:
         # Each thread keeps its connection alive; oned serves MAX_CONN of them and lets the others wait in
@@ -145,6 +150,32 @@ def check_bursts(report: Report, config: Config, placeable: int | None) -> None:
                     "connection to idle out (KEEPALIVE_TIMEOUT, stock 15 s) and can time out",
                     f"set max_parallel = {STOCK_MAX_CONN - 3} or lower (other clients need connections too), or "
                     "raise MAX_CONN in oned.conf above max_parallel")
+
+
+def check_burst_time(report: Report, config: Config, per_plan: int) -> None:
+    """How long a resume of every node at once takes to send them all, against each node set's boot_timeout.
+
+    Resume sends a wave of at most per_plan VMs per placement plan; a node still unsent boot_timeout after
+    the run began is handed back (resume.py), so a node set whose boot_timeout is shorter than the time to
+    send the last wave loses its last nodes in a burst of the whole cluster."""
+    total = len(config.all_nodes)
+    waves = math.ceil(total / per_plan)
+    if waves < 2:
+        return
+    last = (waves - 1) * PLAN_SECONDS
+    how = (f"a resume of all {total} nodes at once goes out in {waves} waves of at most {per_plan} VMs (one a "
+           f"placement plan), the last about {last} s after the first at {PLAN_SECONDS} s a plan with oned's "
+           "stock scheduler settings")
+    short = [ns for ns in config.nodesets if ns.boot_timeout <= last]
+    if not short:
+        report.ok("[opennebula] bursts", f"{how}: within every node set's boot_timeout")
+    for nodeset in short:
+        boot = math.ceil(last + nodeset.boot_timeout)
+        report.warn(f"node set {nodeset.nodes_expr} boot_timeout",
+                    f"{how}: above its boot_timeout {nodeset.boot_timeout:g} s, so its nodes still unsent by "
+                    "then are handed back to Slurm as failed",
+                    f"set boot_timeout = {boot} (the time to send them all plus the boot time allowed now) and "
+                    f"ResumeTimeout={boot + RESUME_MARGIN}, or let more hosts take VMs")
 
 
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:

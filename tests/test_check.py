@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pwd
+import re
 from pathlib import Path
 
 import pytest
@@ -376,6 +377,30 @@ def test_max_pending_above_the_stock_dispatch_limit_is_a_warning(site) -> None:
     assert found.level == WARNING and "above its stock MAX_ACTIONS_PER_CLUSTER 30" in found.text
     assert found.fix.startswith("set max_pending = 30 or below")
     assert not report.problems
+
+
+def test_a_burst_of_every_node_slower_to_send_than_boot_timeout_is_a_warning_whose_fix_clears_it(
+        sim, tmp_path, capsys) -> None:
+    # 202 nodes, 4 hosts take VMs: 51 waves of 4, the last sent 50 plans after the first.
+    site = good_site(sim, tmp_path / "site", NODESETS.replace("gpu[01-04]", "gpu[001-200]"))
+    code, found = findings(site, capsys)
+    warned = {f["subject"]: f for f in found if f["subject"].endswith(" boot_timeout")}
+    assert sorted(warned) == ["node set cpu[01-02] boot_timeout", "node set gpu[001-200] boot_timeout"]
+    hit = warned["node set gpu[001-200] boot_timeout"]
+    assert hit["level"] == "warning" and code == EXIT_OK
+    assert "all 202 nodes at once goes out in 51 waves of at most 4 VMs" in hit["text"]
+    assert "above its boot_timeout 600 s" in hit["text"]
+    [boot] = re.findall(r"set boot_timeout = (\d+) ", hit["fix"])
+    assert int(boot) > 600 and f"ResumeTimeout={int(boot) + 300}" in hit["fix"]
+    # Following the fix clears it, and check is content with the ResumeTimeout it named.
+    edit(site.config, "boot_timeout = 600\n", f"boot_timeout = {boot}\n")
+    edit(site.config, "gpus = 0\n", f"gpus = 0\nboot_timeout = {boot}\n")
+    edit(site.root / "slurm.conf", "ResumeTimeout=900", f"ResumeTimeout={int(boot) + 300}")
+    code, found = findings(site, capsys)
+    assert not [f for f in found if f["subject"].endswith(" boot_timeout")]
+    [ok] = [f for f in found if f["subject"] == "[opennebula] bursts"]
+    assert ok["level"] == "ok" and ok["text"].endswith("within every node set's boot_timeout")
+    assert code == EXIT_OK and not [f for f in found if f["level"] == "problem"]
 
 
 def test_max_parallel_at_oned_stock_max_conn_is_a_warning(site) -> None:
