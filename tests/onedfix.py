@@ -3,6 +3,10 @@
 directory on free loopback ports, stopped by pid afterwards.
 
 Without the source or the build, the real-oned tests are SKIPPED with the reason and how to provide it.
+
+In a Slurm release root (tests/releases/run-in-root.sh) the build is the host's, made for the host's Debian:
+the scripts run there by chroot to the host's / (SNP_HOST_ROOT), with this root's paths as the host sees
+them (below SNP_ROOT_ON_HOST); oned still listens in this process's network namespace.
 """
 
 from __future__ import annotations
@@ -20,6 +24,23 @@ VERSIONS = ("7.0.2", "7.4.0")
 NOT_BUILT = 75  # build.sh's exit code under ONED_NO_BUILD when the cache has no build
 HOW = ("point ONE_SOURCE at a checkout of OpenNebula's repository at a release tag (e.g. release-7.4.0) or "
        "a tarball of one, and run bash tests/oned/build.sh (about 9 minutes a release on 2 cores)")
+
+
+HOST_ROOT = os.environ.get("SNP_HOST_ROOT", "")
+ROOT_ON_HOST = os.environ.get("SNP_ROOT_ON_HOST", "")
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def script(name: str, directory: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run tests/oned/<name> DIR (start.sh, stop.sh) with `env` added: here, or in a release root on the host."""
+    if not HOST_ROOT:
+        return subprocess.run(["bash", str(SCRIPTS / name), str(directory)], env={**os.environ, **(env or {})},
+                              capture_output=True, text=True, timeout=300)
+    passed = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith(("ONE_", "ONED_"))}
+    argv = ["chroot", HOST_ROOT, "/usr/bin/env", "-i", f"PATH={HOST_PATH}", "HOME=/root", "LANG=C.UTF-8",
+            *(f"{k}={v}" for k, v in sorted(passed.items())),
+            "bash", ROOT_ON_HOST + str(SCRIPTS / name), ROOT_ON_HOST + str(directory)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
 class OnedUnavailable(Exception):
@@ -47,7 +68,7 @@ class RealOned:
 
     def stop(self) -> None:
         """Stop every process of the instance and remove its directory."""
-        subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(self.root)], capture_output=True, timeout=120)
+        script("stop.sh", self.root)
         shutil.rmtree(self.root.parent, ignore_errors=True)
 
 
@@ -56,13 +77,12 @@ def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1"
     if shutil.which("bash") is None:
         raise OnedUnavailable("bash is missing")
     root = Path(tempfile.mkdtemp(prefix=f"oned-{version}-"))
-    full_env = {**os.environ, "ONE_VERSION": version, "ONED_HOSTS": str(hosts), "ONED_GPUS": str(gpus),
-                "ONED_NET_IP": net_ip, "ONED_NO_BUILD": "1", **env}
+    settings = {"ONE_VERSION": version, "ONED_HOSTS": str(hosts), "ONED_GPUS": str(gpus), "ONED_NET_IP": net_ip,
+                "ONED_NO_BUILD": "1", **env}
     try:
-        done = subprocess.run(["bash", str(SCRIPTS / "start.sh"), str(root / "one")], env=full_env,
-                              capture_output=True, text=True, timeout=300)
+        done = script("start.sh", root / "one", settings)
     except subprocess.TimeoutExpired:
-        subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(root / "one")], capture_output=True, timeout=120)
+        script("stop.sh", root / "one")
         raise OnedFailed(f"oned {version} did not start within 300 s (log: {root / 'one' / 'var'})") from None
     last = (done.stderr.strip().splitlines() or [""])[-1]
     if done.returncode == NOT_BUILT or "no OpenNebula" in done.stderr:
@@ -70,7 +90,7 @@ def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1"
         why = last.removeprefix("build.sh: ")
         raise OnedUnavailable(f"oned {version}: {why}" + ("" if "ONE_SOURCE" in why else f"; {HOW}"))
     if done.returncode != 0:
-        subprocess.run(["bash", str(SCRIPTS / "stop.sh"), str(root / "one")], capture_output=True, timeout=120)
+        script("stop.sh", root / "one")
         tail = " | ".join(done.stderr.strip().splitlines()[-6:])
         raise OnedFailed(f"oned {version} failed to start ({done.returncode}): {tail} (log: {root / 'one' / 'var'})")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-SHARED="$HERE/../../../shared/opennebula"
+SHARED="${ONE_SHARED:-$HERE/../../../shared/opennebula}"  # opennebula-<version>.tar.gz, unless ONE_SOURCE
 CACHE="${ONED_CACHE:-/var/cache/slurm-nebula-power/oned}"
 JOBS="${ONED_BUILD_JOBS:-$(nproc)}"
 

@@ -36,7 +36,8 @@ inner() {
     local i m left
     trap - INT TERM
     # Nothing started inside the root may outlive the run (a daemon a crashed test left, a job step):
-    # only processes whose root is this root, which (lock held) are this run's.
+    # only processes whose root is this root (or the host's / below it: a real oned), which (lock held) are
+    # this run's.
     for sig in TERM KILL; do
       left=$(leftover_pids)
       [ -n "$left" ] || break
@@ -62,7 +63,7 @@ inner() {
     local p out=""
     for p in /proc/[0-9]*; do
       [ "${p#/proc/}" = "$$" ] && continue
-      [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && out+="${p#/proc/} "
+      case "$(readlink "$p/root" 2>/dev/null)" in "$root" | "$root/host") out+="${p#/proc/} " ;; esac
     done
     printf '%s' "${out% }"
   }
@@ -87,6 +88,12 @@ inner() {
   mnt "$root/dev" --bind /dev
   [ -d /dev/pts ] && mnt "$root/dev/pts" --bind /dev/pts
   [ -d /dev/shm ] && mnt "$root/dev/shm" --bind /dev/shm
+  # The host's own / at /host: the real oned (tests/oned) is built for the host's Debian and cannot run on
+  # the root's libraries, so the root's tests start it with `chroot /host` (tests/onedfix.py), in their own
+  # network namespace as on the host; its files under the root's /tmp are $root/tmp/... there.
+  mkdir -p "$root/host"
+  mnt "$root/host" --rbind /
+  mount --make-rslave "$root/host"
   # Host names from /etc/hosts only, for the tests (pip, before, used DNS). In the tests' network namespace
   # no DNS server is reachable, so looking up a CLOUD node's name (its NodeAddr once powered down) fails
   # with EAI_AGAIN, which Debian's slurmctld 26.05.5 retries ten times a second apart, per node, holding
@@ -103,9 +110,11 @@ inner() {
   local -a envv=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
                  "TERM=${TERM:-dumb}" PYTHONDONTWRITEBYTECODE=1)
   local v
-  for v in PYTEST_ADDOPTS PYTEST_XDIST_AUTO_NUM_WORKERS SLURM_NEBULA_POWER_TEST_NETNS; do
+  for v in PYTEST_ADDOPTS PYTEST_XDIST_AUTO_NUM_WORKERS SLURM_NEBULA_POWER_TEST_NETNS ONE_SOURCE ONED_CACHE; do
     [ -n "${!v:-}" ] && envv+=("$v=${!v}")
   done
+  # For tests/onedfix.py: where the host's / is, where this root is in it, and OpenNebula's source there.
+  envv+=(SNP_HOST_ROOT=/host "SNP_ROOT_ON_HOST=$root" "ONE_SHARED=$project/../shared/opennebula")
   local t0; t0=$(now)
   say "pytest -m slurm $* (in $root, Slurm $(cat "$root/slurm-version"))"
   # Started in the background so that `wait` (unlike a foreground command) lets the traps run at once;
