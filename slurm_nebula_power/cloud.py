@@ -109,17 +109,23 @@ class OneCloud:
 
     # -- queries --
 
-    def cluster_vms(self, cluster: str) -> list[Vm]:
+    def cluster_vms(self, cluster: str, first_id: int = -1) -> list[Vm]:
         """One pool query: our user's live VMs (not DONE), full bodies; identity is the caller's to check.
 
         Filter flag -3 (the caller's own VMs) keeps the answer small on a busy cloud.  oned's
         KEY=VALUE filter argument is not used: it is a MySQL full-text search that fails on SQLite
         front ends.  Every VM of the user is returned, so VMs named like our nodes that fail identity
         can be reported; a document that does not parse is a transient error, retried like any other.
+        first_id >= 0: only the VMs whose id is first_id or above (oned's id range, open at the top), for a
+        caller that needs only the VMs it has in flight (ids only grow); the metrics' gauges keep the VMs
+        below it as last seen.
         """
         vms: list[Vm] = self.call("vmpool.infoextended",
-                                  lambda s: _parse_pool(s.call("vmpool.infoextended", -3, -1, -1, -1)))
-        self.last_vms = vms
+                                  lambda s: _parse_pool(s.call("vmpool.infoextended", -3, first_id, -1, -1)))
+        if first_id < 0 or self.last_vms is None:
+            self.last_vms = vms
+        else:
+            self.last_vms = [vm for vm in self.last_vms if vm.id < first_id] + vms
         return vms
 
     def vm(self, vm_id: int) -> Vm:

@@ -99,6 +99,7 @@ class _Resume:
         self.waiting: deque[tuple[Boot, Plan]] = deque()  # paced plans not sent yet (max_pending)
         self.pacer = Pacer(ctx.config.opennebula.max_pending)
         self.sends: list[tuple[list[Boot], int]] = []  # each send not looked at yet, with the window it had
+        self.floor: int | None = None  # the lowest id of a VM of our user PENDING at the last pool read
 
     def run(self, boots: list[Boot]) -> None:
         """Read templates and the pool once, start every node, watch them, sweep what failed."""
@@ -114,6 +115,7 @@ class _Resume:
             except CloudError as exc:
                 hand_back(ctx, self.outcome, [b.node for b in boots], cloud_reason(exc))
                 return
+            self.floor = _pending_floor(vms)
             ours = ours_by_node(vms, ctx.cluster, (b.node for b in boots))
             plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
@@ -333,18 +335,27 @@ class _Resume:
 
     def _snapshot(self, known: Sequence[Boot], now: float,
                   failures: dict[str, list[Boot]]) -> dict[int, Vm] | None:
-        """One pool query for the nodes whose VM id is known ({} when there are none, None when it failed)."""
+        """One pool query for the nodes whose VM id is known ({} when there are none, None when it failed).
+
+        Only the VMs from the lowest id still to watch up are read (ids only grow): those of the known
+        nodes, the duplicates a retried call made, and, from the last read's lowest PENDING VM up, every VM
+        of our user PENDING for oned (another resume's too), which the pacing counts.  A 1,000-node burst
+        then reads its last waves, not the 1,000 VMs (0.6-0.8 s a read on oned 7.4.0, most of resume's CPU).
+        A VM of an earlier node a failure drags is not in the answer: _drag removes it by id.
+        """
         if not known:
             return {}
         ctx = self.ctx
+        first = min([b.vm_id for b in known if b.vm_id is not None] + ([] if self.floor is None else [self.floor]))
         try:
-            vms = ctx.cloud.cluster_vms(ctx.cluster)
+            vms = ctx.cloud.cluster_vms(ctx.cluster, first)
         except CloudError as exc:
             log.warning("pool query failed: %s", exc)
             for boot in known:
                 if now >= boot.deadline:
                     failures[cloud_reason(exc)].append(boot)
             return None
+        self.floor = _pending_floor(vms)
         self._remove_duplicates(known, ours_by_node(vms, ctx.cluster, (b.node for b in known)))
         return {vm.id: vm for vm in vms}
 
@@ -503,6 +514,10 @@ class _Resume:
                 if vm.id not in self.removals:
                     log.warning("node=%s vm=%d left over after the node was handed back: removing it", node, vm.id)
                     self.removals.remove(node, vm)
+
+
+def _pending_floor(vms: Sequence[Vm]) -> int | None:
+    return min((vm.id for vm in vms if vm.state == PENDING), default=None)
 
 
 def _flat(failures: Mapping[str, list[Boot]]) -> list[Boot]:

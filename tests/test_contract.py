@@ -477,6 +477,18 @@ def test_pool_filter_flags_and_states(backend: Backend) -> None:
     assert ids(-2, 6) == {done}  # an exact state
 
 
+def test_pool_id_range_from_an_id_up(backend: Backend) -> None:
+    """resume reads only the VMs it has in flight: the range (first_id, -1) is every id from first_id up."""
+    older = backend.instantiate(template=backend.cpu_template, name="older", hold=True)
+    newer = backend.instantiate(template=backend.cpu_template, name="newer", hold=True)
+    ok, body, *_ = backend.raw("one.vmpool.infoextended", -3, newer, -1, -1)
+    assert ok, body
+    ids = {vm.id for vm in vms_from_xml(str(body))}
+    assert newer in ids and older not in ids
+    ok, body, *_ = backend.raw("one.vmpool.infoextended", -3, older, -1, -1)
+    assert {older, newer} <= {vm.id for vm in vms_from_xml(str(body))}
+
+
 def test_pool_info_short_body_lacks_pci_and_context(backend: Backend) -> None:
     vm_id = backend.running(name="short", extra='TAG = "x"')
     short = next(vm for vm in ET.fromstring(backend.pool_text(extended=False)) if vm.findtext("ID") == str(vm_id))

@@ -32,7 +32,7 @@ class BrokenCloud:
     def template(self, template_id):
         return {"CONTEXT": {"NETWORK": "YES"}}
 
-    def cluster_vms(self, cluster):
+    def cluster_vms(self, cluster, first_id=-1):
         raise RuntimeError("unexpected answer")
 
 

@@ -131,3 +131,15 @@ def test_a_reconcile_dry_run_writes_neither_records_nor_metrics(tmp_path, sim) -
     assert not setup.audit.exists() and not setup.metrics.exists()
     assert reconcile.main([], setup.env) == EXIT_OK
     assert [r["event"] for r in setup.records()] == ["removed"] and setup.metrics.exists()
+
+
+def test_the_gauges_count_every_vm_of_a_resume_that_read_only_its_last_waves(sim, setup) -> None:
+    """After its first waves resume reads only the VMs still in flight (an id range); the gauges still
+    count every VM of the cluster, the earlier ones as last seen."""
+    setup.config.write_text(setup.config.read_text().replace("max_parallel = 8\n",
+                                                             "max_parallel = 8\nmax_pending = 2\n"))
+    assert resume_main(["gpu[01-08]"], setup.env) == EXIT_OK
+    assert "sent 2, 6 waiting" in setup.log_text(), "resume sent the 8 in waves"
+    found = samples(setup)
+    assert value(found, "slurm_nebula_power_vms") == 8
+    assert value(found, "slurm_nebula_power_gpus_held") == 8
