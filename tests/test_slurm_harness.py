@@ -138,16 +138,23 @@ def test_stop_ends_every_process_it_started(slurm_factory) -> None:
 FAIL_FIRST_THEN_BOOT = """
 if not os.path.exists(RECORD + ".failed"):
     open(RECORD + ".failed", "w").close()
-    scontrol("update", "NodeName=" + ",".join(HOSTS), "State=POWER_DOWN_FORCE", "Reason=test: no GPU")
+    scontrol("update", "NodeName=" + ",".join(HOSTS), *HANDBACK)
 else:
     boot(HOSTS, ["127.0.1.1"])
 """
 
 
+def hand_back_first(settings: list[str]) -> str:
+    """A recording program's action: hand the nodes back with `scontrol update NodeName=... SETTINGS` on the
+    first call (as our resume does when it cannot boot them), boot them on any later call."""
+    return f"HANDBACK = {settings!r}\n" + FAIL_FIRST_THEN_BOOT
+
+
 @pytest.mark.slurm
 def test_power_down_force_with_reason_hands_a_node_back_at_once(slurm_factory, tmp_path) -> None:
     """The fail-fast hand-back our resume relies on (Slurm 22.05; see docs/SLURM-FINDINGS.md)."""
-    resume = recording_program(tmp_path / "resume", tmp_path / "resume.jsonl", action=FAIL_FIRST_THEN_BOOT)
+    resume = recording_program(tmp_path / "resume", tmp_path / "resume.jsonl",
+                               action=hand_back_first(["State=POWER_DOWN_FORCE", "Reason=test: no GPU"]))
     suspend = recording_program(tmp_path / "suspend", tmp_path / "suspend.jsonl")
     cluster: SlurmCluster = slurm_factory(nodes=["cloud1"], resume_program=resume, suspend_program=suspend,
                                           resume_timeout=120)
@@ -170,3 +177,45 @@ def test_power_down_force_with_reason_hands_a_node_back_at_once(slurm_factory, t
     finding("hand-back: the requeued job completed (SuspendTimeout 10, cred_expire 10)",
             f"{time.time() - hand_back['started']:.1f} s after the hand-back")
     assert "Reason" not in cluster.node_info("cloud1")  # cleared when the node registered
+
+
+@pytest.mark.slurm
+def test_down_with_resume_after_is_no_hand_back(slurm_factory, tmp_path) -> None:
+    """Why the hand-back is not `State=DOWN Reason=... ResumeAfter=N` on 23.02+ (0.1.0 sent it there): the
+    job is requeued at once, but the powering-up node stays unusable until ResumeTimeout and is then DOWN
+    for good (until an administrator's State=RESUME); SuspendProgram never runs for it. 22.05 refuses it."""
+    resume_timeout = 60  # ResumeAfter fires 20-30 s late (on a periodic pass): well before ResumeTimeout here
+    resume = recording_program(tmp_path / "resume", tmp_path / "resume.jsonl",
+                               action=hand_back_first(["State=DOWN", "Reason=test: no GPU", "ResumeAfter=5"]))
+    suspend = recording_program(tmp_path / "suspend", tmp_path / "suspend.jsonl")
+    fail = recording_program(tmp_path / "resume-fail", tmp_path / "fail.jsonl")
+    cluster: SlurmCluster = slurm_factory(nodes=["cloud1"], resume_program=resume, suspend_program=suspend,
+                                          resume_fail_program=fail, resume_timeout=resume_timeout)
+    job = cluster.sbatch(nodes=1)
+    [hand_back] = cluster.wait_for(lambda: [r for r in cluster.read_jsonl(tmp_path / "resume.jsonl")
+                                            if r["event"] == "scontrol"], 30, "the hand-back recorded")
+    if cluster.version < (23, 2):
+        assert hand_back["rc"] != 0 and "ResumeAfter" in hand_back["out"], hand_back
+        finding("hand-back State=DOWN Reason=... ResumeAfter=5",
+                f"refused by scontrol: {hand_back['out'].splitlines()[0]}")
+        return
+    assert hand_back["rc"] == 0, hand_back
+    cluster.wait_for(lambda: cluster.job_info(job).get("Restarts") == "1", 10, "job requeued")
+    requeued = time.time() - hand_back["started"]
+    # Watch until ResumeTimeout and 8 s past it: the requeued job never gets the node.
+    seen: list[str] = []
+    deadline = hand_back["started"] + resume_timeout + 8
+    while time.time() < deadline:
+        state, job_state = cluster.node_state("cloud1"), cluster.job_state(job)
+        assert job_state == "PENDING", (job_state, seen)
+        if not seen or seen[-1].split(" ", 1)[1] != state:
+            seen.append(f"{time.time() - hand_back['started']:.0f}s {state}")
+        time.sleep(0.5)
+    info = cluster.node_info("cloud1")
+    assert {"DOWN", "POWERED_DOWN"} <= set(info["State"].split("+")), seen
+    assert "ResumeTimeout reached" in info["Reason"], info
+    assert not cluster.read_jsonl(tmp_path / "suspend.jsonl"), "SuspendProgram ran for the node"
+    assert cluster.read_jsonl(tmp_path / "fail.jsonl"), "ResumeFailProgram did not run at ResumeTimeout"
+    finding(f"hand-back State=DOWN Reason=... ResumeAfter=5 (ResumeTimeout {resume_timeout})",
+            f"job requeued {requeued:.1f} s after, then PENDING; node {' -> '.join(seen)}; "
+            f"Reason={info['Reason'].split(' [')[0]}; no SuspendProgram, ResumeFailProgram at ResumeTimeout")
