@@ -330,9 +330,10 @@ def start_e2e(
     return env
 
 
-def job_script(sleep: float = 0) -> str:
-    """A batch job: every node prints its Slurm name via srun (then the batch step sleeps a little)."""
-    return "#!/bin/sh\n/usr/bin/srun /usr/bin/printenv SLURMD_NODENAME\n" + (
+def job_script(sleep: float = 0, first: str = "") -> str:
+    """A batch job: every node prints its Slurm name via srun (then the batch step sleeps a little); `first`
+    is a shell line the batch step runs before."""
+    return "#!/bin/sh\n" + (f"{first}\n" if first else "") + "/usr/bin/srun /usr/bin/printenv SLURMD_NODENAME\n" + (
         f"/bin/sleep {sleep}\n" if sleep else "")
 
 
