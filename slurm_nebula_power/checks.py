@@ -6,6 +6,7 @@ import math
 import os
 import pwd
 import re
+import shlex
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
@@ -264,6 +265,11 @@ def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | N
     """Resume/Suspend/ResumeFail programs are ours and executable; PrivateData=cloud."""
     for key, name in PROGRAMS.items():
         value, (expected, _) = conf.params.get(key.lower(), ""), program_path(name)
+        if value in conf.actions:
+            program = _action_program(report, key, value, conf.actions[value], str(expected))
+            if program is None:
+                continue
+            value = program
         if os.path.basename(value) != name:
             report.problem(f"slurm.conf {key}", f"is {value or 'not set'}, not {name}", f"{key}={expected}")
         elif not os.access(value, X):
@@ -276,6 +282,27 @@ def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | N
         report.problem("slurm.conf PrivateData", "lacks cloud: Slurm 22.05 hides powered-down cloud nodes, "
                        "so status and reconcile cannot see them", "add cloud to PrivateData")
     check_release_settings(report, conf, version)
+
+
+def _action_program(report: Report, key: str, action: str, keys: Mapping[str, str], expected: str) -> str | None:
+    """The program a PowerAction named by `key` runs (Slurm 26.05), or None once a problem with it is reported:
+    ours must run on the controller (Location=slurmctld) and take nothing but the node list Slurm appends."""
+    subject, location = f"slurm.conf {key}", keys.get("location", "")
+    if location.lower() != "slurmctld":
+        report.problem(subject, f"names PowerAction {action}, whose Location is {location or 'not set'}: the "
+                       "power programs run on the controller, where the OpenNebula credentials are",
+                       f"Location=slurmctld on the PowerAction={action} line")
+        return None
+    try:
+        argv = shlex.split(keys.get("program", ""))
+    except ValueError:
+        argv = []
+    if len(argv) != 1:
+        report.problem(subject, f"names PowerAction {action}, whose Program is "
+                       f"{keys.get('program') or 'not set'}: the power programs take only the node list Slurm "
+                       "adds", f'Program="{expected}" on the PowerAction={action} line')
+        return None
+    return argv[0]
 
 
 def _options(conf: SlurmConf, key: str) -> list[str]:
@@ -294,11 +321,51 @@ def check_release_settings(report: Report, conf: SlurmConf, version: tuple[int, 
             report.warn("slurm.conf SlurmctldParameters", "cloud_reg_addrs replaces the NodeAddr resume sets "
                         "from OpenNebula's lease with the address slurmd registers from (another NIC's on a "
                         "multi-NIC GPU VM)", "remove cloud_reg_addrs")
+    check_power_actions(report, conf, version, release)
+    check_suspend_exc_states(report, conf, version, release)
     if version is not None and version >= (25, 5) \
             and "requeue_on_resume_failure" not in _options(conf, "SchedulerParameters"):
         report.warn("slurm.conf SchedulerParameters", f"lacks requeue_on_resume_failure ({release}): a job "
                     "whose node never registers by ResumeTimeout is not sure to be requeued",
                     "add requeue_on_resume_failure to SchedulerParameters")
+
+
+def check_power_actions(report: Report, conf: SlurmConf, version: tuple[int, int] | None, release: str) -> None:
+    """PowerAction lines are Slurm 26.05's: 22.05 and 24.11 refuse to start with one (unrecognized key)."""
+    if not conf.actions or version is None or version >= (26, 5):
+        return
+    fix = ("give ResumeProgram, SuspendProgram and ResumeFailProgram the programs' paths and remove the "
+           "PowerAction lines")
+    if version < (25, 5):
+        report.problem("slurm.conf PowerAction", f"{release} refuses to start with it (unrecognized key; "
+                       "PowerAction is from Slurm 26.05)", fix)
+    else:
+        report.warn("slurm.conf PowerAction", f"known to work from Slurm 26.05 (24.11 refuses to start with "
+                    f"it), not tried on {release}", fix)
+
+
+# SuspendExcStates that keep a broken node's VM, and its GPUs, running while the node is idle.
+BROKEN_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "INVALID_REG")
+
+
+def check_suspend_exc_states(report: Report, conf: SlurmConf, version: tuple[int, int] | None,
+                             release: str) -> None:
+    """SuspendExcStates (Slurm 23.02+; 22.05 refuses to start with it): node states never powered down."""
+    states = [s.strip().upper() for s in conf.get("SuspendExcStates").split(",") if s.strip()]
+    subject = "slurm.conf SuspendExcStates"
+    if not states:
+        return
+    if version is not None and version < (23, 2):
+        report.problem(subject, f"{release} refuses to start with it (unrecognized key; SuspendExcStates is "
+                       "from Slurm 23.02)", "remove SuspendExcStates")
+    elif "CLOUD" in states:
+        report.problem(subject, "has CLOUD: no cloud node is ever powered down, so every VM keeps its GPUs "
+                       "after its jobs end", "remove CLOUD from SuspendExcStates")
+    elif broken := [s for s in states if s in BROKEN_STATES]:
+        names = ",".join(broken)
+        report.warn(subject, f"has {names}: an idle cloud node in that state keeps its VM, and its GPUs, until "
+                    "an administrator acts (else Slurm powers it down after SuspendTime)",
+                    f"remove {names} from SuspendExcStates, unless you keep such VMs to look into on purpose")
 
 
 def check_prolog(report: Report, config: Config, conf: SlurmConf) -> None:

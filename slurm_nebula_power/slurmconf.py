@@ -31,6 +31,8 @@ class SlurmConf:
     path: Path
     params: dict[str, str] = field(default_factory=dict)  # lower-case key -> last value
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> lower-case keys of its line
+    # PowerAction lines (Slurm 26.05): name -> their lower-case keys (location, program)
+    actions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def get(self, key: str) -> str:
         """A parameter's value (case-insensitive key), Slurm's default, or ''."""
@@ -50,7 +52,8 @@ class SlurmConf:
 
 
 def read_slurm_conf(path: Path) -> SlurmConf:
-    """Parse slurm.conf: KEY=VALUE parameters, NodeName lines (with NodeName=DEFAULT), Include files."""
+    """Parse slurm.conf: KEY=VALUE parameters, NodeName lines (with NodeName=DEFAULT), PowerAction lines,
+    Include files."""
     conf = SlurmConf(path)
     _read(conf, path, {"nodename": {}}, depth=0)
     return conf
@@ -79,6 +82,8 @@ def _read(conf: SlurmConf, path: Path, defaults: dict[str, dict[str, str]], dept
         first = pairs[0][0].lower()
         if first == "nodename":
             _node_line(conf, keys, defaults["nodename"])
+        elif first == "poweraction":
+            conf.actions[keys.pop("poweraction")] = keys
         elif first not in ("partitionname", "nodeset", "switchname", "frontendname", "downnodes"):
             conf.params.update(keys)
 

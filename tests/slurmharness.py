@@ -714,6 +714,30 @@ while nodes and time.monotonic() < deadline:
 
 
 
+def rewrite_lines(path: Path, change: Callable[[list[str]], list[str]]) -> None:
+    """Replace a file's lines (a slurm.conf) with `change(lines)`."""
+    path.write_text("\n".join(change(path.read_text().splitlines())) + "\n")
+
+
+PROGRAM_KEYS = ("ResumeProgram", "SuspendProgram", "ResumeFailProgram")
+
+
+def as_power_actions(lines: list[str], location: str = "slurmctld", arguments: str = "") -> list[str]:
+    """slurm.conf lines with the power programs named through Slurm 26.05's PowerAction lines (an action per
+    program, at `location`, its Program the path plus `arguments`)."""
+    out, actions = [], []
+    for line in lines:
+        key, _, path = line.partition("=")
+        if key in PROGRAM_KEYS:
+            name = f"nebula_{key.lower()}"
+            out.append(f"{key}={name}")
+            actions.append(f'PowerAction={name} Location={location} Program="{path}{arguments}"')
+        else:
+            out.append(line)
+    assert actions, lines
+    return out + actions
+
+
 def make_base(prefix: str = "snp-slurm-") -> Path:
     """A fresh 0755 directory under /tmp for one cluster.
 

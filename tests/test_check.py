@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from findings import finding
 from simfixtures import AUTH
+from slurmharness import PROGRAM_KEYS, SlurmCommandError, as_power_actions, rewrite_lines
 from support import Setup, make_setup
 
 from slurm_nebula_power.cli import check
@@ -353,6 +355,77 @@ def test_25_05_and_later_without_requeue_on_resume_failure_is_a_warning(sim, tmp
     [hit] = [f for f in found if f["subject"] == "slurm.conf SchedulerParameters"]
     assert code == EXIT_OK and hit["level"] == "warning"
     assert hit["fix"] == "add requeue_on_resume_failure to SchedulerParameters"
+
+
+@pytest.mark.parametrize(("version", "level"), [((26, 5), "ok"), ((25, 11), "warning"), ((24, 11), "problem")])
+def test_power_actions_naming_our_programs_are_26_05s(sim, tmp_path, capsys, version, level) -> None:
+    site = release_site(sim, tmp_path / "site", version)
+    rewrite_lines(site.root / "slurm.conf", as_power_actions)
+    code, found = findings(site, capsys)
+    programs = [f for f in found if f["subject"] in {f"slurm.conf {key}" for key in PROGRAM_KEYS}]
+    assert [f["level"] for f in programs] == ["ok"] * 3, programs
+    assert all(f["text"].startswith(str(site.root.parent)) or "/slurm-nebula-" in f["text"] for f in programs)
+    said = [f for f in found if f["subject"] == "slurm.conf PowerAction"]
+    assert [f["level"] for f in said] == ([] if level == "ok" else [level]), said
+    if level == "problem":
+        assert "refuses to start" in said[0]["text"] and "programs' paths" in said[0]["fix"]
+    assert code == (EXIT_NODES_FAILED if level == "problem" else EXIT_OK)
+
+
+@pytest.mark.parametrize(("location", "arguments", "fix"), [
+    ("slurmd", "", "Location=slurmctld on the PowerAction=nebula_resumeprogram line"),
+    ("slurmctld", " --verbose", 'Program="'),
+])
+def test_a_power_action_on_the_nodes_or_with_arguments_is_a_problem(sim, tmp_path, capsys, location, arguments,
+                                                                   fix) -> None:
+    site = release_site(sim, tmp_path / "site", (26, 5))
+    rewrite_lines(site.root / "slurm.conf", lambda lines: as_power_actions(lines, location, arguments))
+    code, found = findings(site, capsys)
+    [hit] = [f for f in found if f["subject"] == "slurm.conf ResumeProgram"]
+    assert code == EXIT_NODES_FAILED and hit["level"] == "problem" and hit["fix"].startswith(fix), hit
+    assert "names PowerAction nebula_resumeprogram" in hit["text"]
+
+
+@pytest.mark.parametrize(("version", "states", "level", "text"), [
+    ((22, 5), "DOWN", "problem", "Slurm 22.05 refuses to start with it"),
+    ((24, 11), "CLOUD,DOWN", "problem", "has CLOUD: no cloud node is ever powered down"),
+    ((24, 11), "down,DRAIN,RESERVED", "warning", "has DOWN,DRAIN: an idle cloud node in that state keeps its VM"),
+    ((26, 5), "RESERVED,MAINTENANCE", None, ""),
+])
+def test_suspend_exc_states_is_judged_by_what_it_keeps_powered_up(sim, tmp_path, capsys, version, states, level,
+                                                                   text) -> None:
+    site = release_site(sim, tmp_path / "site", version)
+    rewrite_lines(site.root / "slurm.conf", lambda lines: [*lines, f"SuspendExcStates={states}"])
+    code, found = findings(site, capsys)
+    said = [f for f in found if f["subject"] == "slurm.conf SuspendExcStates"]
+    assert [(f["level"], text in f["text"]) for f in said] == ([(level, True)] if level else []), said
+    assert code == (EXIT_NODES_FAILED if level == "problem" else EXIT_OK)
+
+
+# What check calls refused, checked against the real slurmctld of the release under test.
+RELEASE_SETTINGS = {"PowerAction": as_power_actions,
+                    "SuspendExcStates=DOWN": lambda lines: [*lines, "SuspendExcStates=DOWN"]}
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("setting", sorted(RELEASE_SETTINGS))
+def test_check_calls_a_setting_refused_exactly_when_the_real_slurmctld_refuses_it(sim, tmp_path, capsys,
+                                                                                  slurm_factory, setting) -> None:
+    cluster = slurm_factory(nodes=["spare1"])
+    rewrite_lines(cluster.conf, RELEASE_SETTINGS[setting])
+    try:
+        cluster.restart_slurmctld(clear_state=True)
+        refused = ""
+    except SlurmCommandError as exc:
+        refused = next((line for line in exc.stderr.splitlines() if setting.split("=")[0] in line), exc.stderr)
+    site = release_site(sim, tmp_path / "site", cluster.version)
+    rewrite_lines(site.root / "slurm.conf", RELEASE_SETTINGS[setting])
+    code, found = findings(site, capsys)
+    said = [f"{f['subject']}: {f['text']}" for f in found if f["level"] == "problem"]
+    finding(f"slurm.conf with {setting}: slurmctld; check", f"{'refused: ' + refused if refused else 'started'}; "
+            f"{said or 'no problem'}")
+    assert [p for p in said if "refuses to start" in p] == (said if refused else []) and bool(said) == bool(refused)
+    assert code == (EXIT_NODES_FAILED if refused else EXIT_OK)
 
 
 def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import vmnet
 from findings import finding
-from slurmharness import SlurmCluster, parse_oneliner, recording_program, wait_for
+from slurmharness import (
+    SlurmCluster,
+    SlurmCommandError,
+    as_power_actions,
+    parse_oneliner,
+    recording_program,
+    rewrite_lines,
+    wait_for,
+)
 
 from slurm_nebula_power.slurm import jobs_from_resume_file
 
@@ -82,15 +90,28 @@ def test_controller_answers_and_shows_powered_down_cloud_nodes(slurm_factory) ->
 
 
 @pytest.mark.slurm
-def test_job_boots_cloud_nodes_through_resume_program_and_completes(slurm_factory, tmp_path) -> None:
+@pytest.mark.parametrize("named", ["by path", "by PowerAction"])
+def test_job_boots_cloud_nodes_through_resume_program_and_completes(slurm_factory, tmp_path, named) -> None:
+    """Also with the programs named through Slurm 26.05's PowerAction lines (Location=slurmctld): they get the
+    same arguments and environment, so check accepts that form on 26.05 (earlier releases refuse it)."""
     record = tmp_path / "resume.jsonl"
     resume = recording_program(tmp_path / "resume", record, action=(
         'boot(HOSTS, ["127.0.1.%d" % (i + 1) for i in range(len(HOSTS))])'))
     cluster: SlurmCluster = slurm_factory(nodes=["cloud1", "cloud2"], resume_program=resume)
+    if named == "by PowerAction":
+        rewrite_lines(cluster.conf, as_power_actions)
+        if cluster.version < (26, 5):
+            with pytest.raises(SlurmCommandError, match="unrecognized key: PowerAction"):
+                cluster.restart_slurmctld(clear_state=True)
+            return
+        cluster.restart_slurmctld(clear_state=True)
+        assert "ResumeProgram           = nebula_resumeprogram" in cluster.scontrol("show", "config")
     job = cluster.sbatch(nodes=2)
     cluster.wait_job(job, ["COMPLETED"], timeout=40)
     calls = [r for r in cluster.read_jsonl(record) if r["event"] == "call"]
     assert [c["argv"] for c in calls] == [["cloud[1-2]"]]
+    # Exactly what slurmctld passes (Python's C-locale coercion adds LC_CTYPE in the program itself).
+    assert set(calls[0]["env"]) - {"LC_CTYPE"} == {"SLURM_CONF", "SLURM_RESUME_FILE"}, calls[0]["env"]
     # The resume file of this release, as our resume reads it: the job's id for both nodes.
     content = calls[0]["resume_file"]
     (tmp_path / "resume-file.json").write_text(content)

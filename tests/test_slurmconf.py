@@ -38,6 +38,16 @@ def generated(capsys, env) -> list[str]:
 # ---- reading -----------------------------------------------------------------------------------------
 
 
+def test_reader_keeps_power_actions_apart_from_the_parameters(tmp_path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text('ResumeProgram=nres\nPowerAction=nres Location=slurmctld Program="/opt/snp/bin/r"\n'
+                    "PowerAction=nsus Location=slurmd Program=/opt/snp/bin/s\nSuspendProgram=nsus\n")
+    parsed = read_slurm_conf(conf)
+    assert parsed.params == {"resumeprogram": "nres", "suspendprogram": "nsus"}
+    assert parsed.actions == {"nres": {"location": "slurmctld", "program": "/opt/snp/bin/r"},
+                              "nsus": {"location": "slurmd", "program": "/opt/snp/bin/s"}}
+
+
 def test_reader_takes_parameters_node_lines_defaults_and_includes(tmp_path) -> None:
     (tmp_path / "nodes.conf").write_text("NodeName=gpu[03-04] State=CLOUD CPUs=16 RealMemory=1000\n")
     conf = tmp_path / "slurm.conf"
