@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 
 from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
-from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
+from .errors import CloudAuthError, CloudError, ConfigError, HostlistError, PowerError, first_line
 from .findings import Report, X, check_files, check_ownership, check_transport
-from .hostlists import fold
+from .hostlists import expand, fold
 from .operation import Cloud
 from .prolog import MARGIN
 from .shapes import (
@@ -229,6 +229,54 @@ def check_coverage(report: Report, config: Config, conf: SlurmConf) -> None:
         report.ok(f"slurm.conf {conf.path}", f"{len(cloud)} State=CLOUD nodes, all in node sets")
 
 
+def check_suspend_exclusions(report: Report, config: Config, conf: SlurmConf) -> None:
+    """SuspendExcNodes and SuspendExcParts that keep node-set nodes powered up while idle: their VMs, and their
+    GPUs, stay. A count (gpu[01-16]:2: two of them kept up) is a warm pool, and said as such."""
+    ours = set(config.all_nodes)
+    kept, pools = [], []
+    for item in _top_level(conf.get("SuspendExcNodes")):
+        expression, count = (item.rsplit(":", 1) if re.search(r":\d+\Z", item) else (item, ""))
+        names = [n for n in _names(conf, expression) if n in ours]
+        if names and count:
+            pools.append(f"{count} of {fold(names)}")
+        else:
+            kept += names
+    if kept:
+        report.warn("slurm.conf SuspendExcNodes", f"{fold(kept)} never powered down: their VMs, and GPUs, stay "
+                    "up while the nodes are idle", "remove them from SuspendExcNodes, or keep only a few up with "
+                    f"a count ({fold(kept)}:1)")
+    if pools:
+        report.ok("slurm.conf SuspendExcNodes", f"keeps {', '.join(pools)} powered up when idle")
+    for part in _top_level(conf.get("SuspendExcParts")):
+        names = [n for n in _names(conf, conf.partitions.get(part, "")) if n in ours]
+        if names:
+            report.warn("slurm.conf SuspendExcParts", f"partition {part}'s {fold(names)} never powered down: "
+                        "their VMs, and GPUs, stay up while the nodes are idle",
+                        f"remove {part} from SuspendExcParts, or keep a few up with SuspendExcNodes and a count")
+
+
+def _top_level(value: str) -> list[str]:
+    """A comma-separated slurm.conf list whose items may be hostlists (commas inside brackets stay)."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(value + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items += [value[start:i].strip()] if value[start:i].strip() else []
+            start = i + 1
+    return items
+
+
+def _names(conf: SlurmConf, expression: str) -> list[str]:
+    """The nodes a slurm.conf node expression names (ALL: every node); [] for what is not a hostlist (a
+    NodeSet name names no node of ours either way)."""
+    if expression.upper() == "ALL":
+        return list(conf.nodes)
+    try:
+        return expand(expression) if expression else []
+    except HostlistError:
+        return []
+
+
 def check_timers(report: Report, config: Config, conf: SlurmConf) -> None:
     """ResumeTimeout above boot_timeout; SuspendTimeout above the suspend bound; poweroff flagged."""
     longest = max(ns.boot_timeout for ns in config.nodesets)
@@ -441,6 +489,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         check_capacity(report, config, cloud)
     if conf is not None:
         check_coverage(report, config, conf)
+        check_suspend_exclusions(report, config, conf)
         check_timers(report, config, conf)
         check_programs(report, conf, slurm_version(config, environ))
         check_prolog(report, config, conf)

@@ -26,13 +26,14 @@ UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}  # Gres count suffixes
 
 @dataclass
 class SlurmConf:
-    """The parameters, NodeName lines and partitions of a slurm.conf (and its Include files)."""
+    """The parameters, NodeName, PowerAction and PartitionName lines of a slurm.conf (and its Include files)."""
 
     path: Path
     params: dict[str, str] = field(default_factory=dict)  # lower-case key -> last value
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> lower-case keys of its line
     # PowerAction lines (Slurm 26.05): name -> their lower-case keys (location, program)
     actions: dict[str, dict[str, str]] = field(default_factory=dict)
+    partitions: dict[str, str] = field(default_factory=dict)  # PartitionName -> its Nodes expression
 
     def get(self, key: str) -> str:
         """A parameter's value (case-insensitive key), Slurm's default, or ''."""
@@ -52,8 +53,8 @@ class SlurmConf:
 
 
 def read_slurm_conf(path: Path) -> SlurmConf:
-    """Parse slurm.conf: KEY=VALUE parameters, NodeName lines (with NodeName=DEFAULT), PowerAction lines,
-    Include files."""
+    """Parse slurm.conf: KEY=VALUE parameters, NodeName lines (with NodeName=DEFAULT), PowerAction and
+    PartitionName lines, Include files."""
     conf = SlurmConf(path)
     _read(conf, path, {"nodename": {}}, depth=0)
     return conf
@@ -84,7 +85,10 @@ def _read(conf: SlurmConf, path: Path, defaults: dict[str, dict[str, str]], dept
             _node_line(conf, keys, defaults["nodename"])
         elif first == "poweraction":
             conf.actions[keys.pop("poweraction")] = keys
-        elif first not in ("partitionname", "nodeset", "switchname", "frontendname", "downnodes"):
+        elif first == "partitionname":
+            if keys["partitionname"].upper() != "DEFAULT":
+                conf.partitions[keys["partitionname"]] = keys.get("nodes", "")
+        elif first not in ("nodeset", "switchname", "frontendname", "downnodes"):
             conf.params.update(keys)
 
 

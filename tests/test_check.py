@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import pwd
 import re
+import time
 from pathlib import Path
 
 import pytest
 from findings import finding
 from simfixtures import AUTH
-from slurmharness import PROGRAM_KEYS, SlurmCommandError, as_power_actions, rewrite_lines
+from slurmharness import PROGRAM_KEYS, SlurmCommandError, as_power_actions, recording_program, rewrite_lines
 from support import Setup, make_setup
 
 from slurm_nebula_power.cli import check
@@ -427,6 +428,49 @@ def test_check_calls_a_setting_refused_exactly_when_the_real_slurmctld_refuses_i
             f"{said or 'no problem'}")
     assert [p for p in said if "refuses to start" in p] == (said if refused else []) and bool(said) == bool(refused)
     assert code == (EXIT_NODES_FAILED if refused else EXIT_OK)
+
+
+@pytest.mark.parametrize(("setting", "level", "text"), [
+    ("SuspendExcNodes=gpu[01-02],cpu01", "warning", "cpu01,gpu[01-02] never powered down"),
+    ("SuspendExcNodes=gpu[01-04]:2,login[1-2]", "ok", "keeps 2 of gpu[01-04] powered up when idle"),
+    ("SuspendExcNodes=login1,spare[1-3]:1", None, ""),
+    ("SuspendExcParts=gpu", "warning", "partition gpu's gpu[01-04] never powered down"),
+    ("SuspendExcParts=debug", None, ""),
+])
+def test_suspend_exclusions_that_keep_idle_vms_up_are_named(site, capsys, setting, level, text) -> None:
+    rewrite_lines(site.root / "slurm.conf", lambda lines: [*lines, setting])
+    code, found = findings(site, capsys)
+    said = [f for f in found if f["subject"] == f"slurm.conf {setting.partition('=')[0]}"]
+    assert [(f["level"], text in f["text"]) for f in said] == ([(level, True)] if level else []), said
+    assert code == EXIT_OK
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("excluded", "up"), [("cloud[1-2]", ["cloud1", "cloud2"]), ("cloud[1-3]:1", None)],
+                         ids=["listed", "count"])
+def test_real_slurmctld_keeps_suspend_excluded_nodes_up(slurm_factory, tmp_path, excluded, up) -> None:
+    """What the SuspendExcNodes warning says: a node listed there is never powered down when idle (its VM would
+    keep its GPUs); with a count, that many of the list stay up."""
+    resume = recording_program(tmp_path / "resume", tmp_path / "resume.jsonl", action=(
+        'boot(HOSTS, ["127.0.1.%d" % int(h[-1]) for h in HOSTS])'))
+    nodes = ["cloud1", "cloud2", "cloud3"]
+    cluster = slurm_factory(nodes=nodes, resume_program=resume, suspend_time=4, suspend_timeout=6,
+                            extra_conf=f"SuspendExcNodes={excluded}")
+    cluster.scontrol("update", "NodeName=cloud[1-3]", "State=POWER_UP")
+    for node in nodes:
+        cluster.wait_until(lambda n=node: cluster.node_state(n), lambda s: s == "IDLE+CLOUD", 30, f"{node} up")
+    # Well past SuspendTime: the others are powering down or down, the excluded ones still up.
+    down = len(nodes) - (len(up) if up else 1)
+    cluster.wait_for(lambda: sum("POWER" in cluster.node_state(n) for n in nodes) == down, 30,
+                     f"{down} powered down")
+    time.sleep(4)
+    states = {n: cluster.node_state(n) for n in nodes}
+    still_up = sorted(n for n, state in states.items() if state == "IDLE+CLOUD")
+    finding(f"SuspendExcNodes={excluded}, 3 idle nodes, SuspendTime 4", f"up after 8+ s idle: {still_up}; {states}")
+    if up is None:  # a count: that many of the list, whichever slurmctld keeps
+        assert len(still_up) == 1, states
+    else:
+        assert still_up == up, states
 
 
 def test_max_pending_names_the_oned_settings_that_shape_bursts(site) -> None:

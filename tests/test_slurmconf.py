@@ -68,6 +68,7 @@ def test_reader_takes_parameters_node_lines_defaults_and_includes(tmp_path) -> N
     assert parsed.nodes["gpu02"] == {"cpus": "8", "realmemory": "64000", "gres": "gpu:h100:1",
                                      "state": "CLOUD", "feature": "cloud,h100"}
     assert parsed.nodes["gpu04"]["cpus"] == "16"
+    assert parsed.partitions == {"gpu": "gpu[01-04]"} and "state" not in parsed.params
     assert sorted(parsed.cloud_nodes) == ["gpu01", "gpu02", "gpu03", "gpu04"]
     assert "partitionname" not in parsed.params
 
