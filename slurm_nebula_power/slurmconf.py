@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 # Slurm's defaults (slurm.conf(5)).
 DEFAULTS = {"resumetimeout": "60", "suspendtimeout": "30", "slurmuser": "root"}
+# Lines that describe one thing (a node, a partition, ...) rather than set parameters.
+LINE_KINDS = ("nodename", "poweraction", "partitionname", "nodeset", "switchname", "frontendname", "downnodes")
 UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}  # Gres count suffixes
 
 
@@ -81,6 +83,8 @@ def _read(conf: SlurmConf, path: Path, defaults: dict[str, dict[str, str]], dept
         pairs = [t.partition("=") for t in tokens]
         keys = {k.lower(): v for k, sep, v in pairs if sep}
         first = pairs[0][0].lower()
+        if first in LINE_KINDS and not pairs[0][1]:
+            continue  # "NodeName gpu01" without "=" names nothing
         if first == "nodename":
             _node_line(conf, keys, defaults["nodename"])
         elif first == "poweraction":
@@ -88,7 +92,7 @@ def _read(conf: SlurmConf, path: Path, defaults: dict[str, dict[str, str]], dept
         elif first == "partitionname":
             if keys["partitionname"].upper() != "DEFAULT":
                 conf.partitions[keys["partitionname"]] = keys.get("nodes", "")
-        elif first not in ("nodeset", "switchname", "frontendname", "downnodes"):
+        elif first not in LINE_KINDS:
             conf.params.update(keys)
 
 

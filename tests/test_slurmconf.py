@@ -48,6 +48,13 @@ def test_reader_keeps_power_actions_apart_from_the_parameters(tmp_path) -> None:
                               "nsus": {"location": "slurmd", "program": "/opt/snp/bin/s"}}
 
 
+def test_reader_skips_node_partition_and_action_lines_without_a_value(tmp_path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName gpu01\nPartitionName gpu Nodes=gpu01\nPowerAction\nSuspendTime=600\n")
+    parsed = read_slurm_conf(conf)
+    assert (parsed.nodes, parsed.partitions, parsed.actions, parsed.params) == ({}, {}, {}, {"suspendtime": "600"})
+
+
 def test_reader_takes_parameters_node_lines_defaults_and_includes(tmp_path) -> None:
     (tmp_path / "nodes.conf").write_text("NodeName=gpu[03-04] State=CLOUD CPUs=16 RealMemory=1000\n")
     conf = tmp_path / "slurm.conf"
