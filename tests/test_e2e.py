@@ -134,9 +134,11 @@ def test_3_node_without_a_free_gpu_is_handed_back_at_once_best_effort_keeps_the_
     env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
     assert summaries(env, "slurm-nebula-resume")[0] == f"gpu[01-02]: 1 done, 1 failed ({why}: gpu02)"
     assert len(env.vms_of("gpu01")) == 1 and env.vms_of("gpu02") == [], "no VM for the node the count refused"
+    # The simulated guest's boot (the hook: a scontrol, then slurmd) took 10.3 s once with all three releases'
+    # suites on 2 cores: this is about which node best-effort kept, not how fast a guest boots.
     env.wait(lambda: ("running", "gpu01", "slurmd") in [(e["event"], e["node"], e["action"])
                                                           for e in env.hook_events()],
-             10, "best-effort kept gpu01: its VM ran and its slurmd started")
+             30, "best-effort kept gpu01: its VM ran and its slurmd started")
     log = env.program_log_text()
     hand_back = re.findall(r"scontrol update NodeName=\S+ State=\S+ Reason=.*", log)[0]
     print(f"\nE2E-HANDBACK {hand_back}")
