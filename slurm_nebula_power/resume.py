@@ -51,6 +51,7 @@ class Boot:
 
 
 UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
+NOT_READY = "\0not ready"  # _judge's verdict for a RUNNING VM whose guest reported no READY by boot_timeout
 PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
 PACED = frozenset({"instantiate", "recreate", "resume", "release"})  # plans whose VM goes PENDING
 
@@ -288,6 +289,7 @@ class _Resume:
                 known, snapshot = [], {}
             known = self._set_addresses(known, snapshot, failures)
             unplaced: list[tuple[Boot, Vm]] = []
+            not_ready: list[Boot] = []
             for boot in known:
                 vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
                 verdict = self._judge(boot, vm, now)
@@ -299,10 +301,14 @@ class _Resume:
                     boot.future = self.pool.submit(self._start, boot, Plan("recreate", vm))
                 elif verdict == UNPLACED and vm is not None:
                     unplaced.append((boot, vm))
+                elif verdict == NOT_READY:
+                    not_ready.append(boot)
                 elif verdict:
                     failures[verdict].append(boot)
             if unplaced:
                 self._unplaced(unplaced, failures)
+            if not_ready:
+                self._not_ready(not_ready, failures)
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
             if failures:
@@ -446,7 +452,7 @@ class _Resume:
             what = "no free GPU" if "PCI" in vm.sched_message else "no host can take the VM"
             return f"{what} (PENDING past boot_timeout; oned: {vm.oned_message})"
         if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
-            return f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s (RUNNING)"
+            return NOT_READY
         return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"
 
     def _retry_or(self, boot: Boot, now: float, reason: str) -> str:
@@ -479,6 +485,20 @@ class _Resume:
         for nodeset in {id(b.nodeset): b.nodeset for b, _ in unplaced}.values():
             mine = [(b, vm) for b, vm in unplaced if b.nodeset is nodeset]
             failures[self.gate.unplaced(nodeset, mine[0][1], hosts)].extend(b for b, _ in mine)
+
+    def _not_ready(self, late: Sequence[Boot], failures: dict[str, list[Boot]]) -> None:
+        """RUNNING VMs whose guests reported no READY by boot_timeout: a node whose slurmd registered anyway
+        serves jobs (OneGate was slow or unreachable), so it is up; the others fail (one scontrol call)."""
+        up = self.ctx.slurm.registered([b.node for b in late])
+        for boot in late:
+            if boot.node in up:
+                log.warning("node=%s vm=%s: slurmd registered but the guest reported no READY=YES within "
+                            "boot_timeout %gs: counted as up; check the guest's OneGate access", boot.node,
+                            boot.vm_id, boot.nodeset.boot_timeout)
+                self.outcome.done.append(boot.node)
+            else:
+                failures[f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s "
+                         "(RUNNING)"].append(boot)
 
     def _drag(self, snapshot: Mapping[int, Vm]) -> None:
         """After failures: the all-or-nothing jobs that lost a node give back their other nodes too."""

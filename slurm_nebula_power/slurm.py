@@ -34,6 +34,10 @@ class SlurmControl(Protocol):
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Give nodes that cannot start back to Slurm now, so their jobs requeue."""
 
+    def registered(self, nodes: Sequence[str]) -> set[str]:
+        """Those of these nodes whose slurmd has registered and that serve jobs now (none when Slurm cannot
+        be asked)."""
+
 
 # Base states of a node that serves jobs (scontrol's State= before the first '+').
 UP_STATES = ("IDLE", "ALLOCATED", "MIXED", "COMPLETING")
@@ -251,6 +255,15 @@ class Scontrol:
             names = fold(nodes[start:start + BATCH])
             self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
 
+    def registered(self, nodes: Sequence[str]) -> set[str]:
+        """Those of these nodes that serve jobs now (one `scontrol show node`); none when it fails."""
+        try:
+            states = self.show_nodes(nodes)
+        except SlurmError as exc:
+            log.warning("could not ask slurmctld whether %s registered: %s", fold(nodes), exc)
+            return set()
+        return {name for name, state in states.items() if name in nodes and state.is_up}
+
     def show_all_nodes(self) -> dict[str, NodeState]:
         """Every node slurmctld shows (one `scontrol show node -o`); SlurmError when it cannot be asked."""
         return parse_show_node(self.run("show", "node", "-o"))
@@ -306,6 +319,10 @@ class PrintedSlurm:
         items = sorted(addresses.items())
         names = ",".join(name for name, _ in items)
         self._show(f"NodeName={names}", "NodeAddr=" + ",".join(ip for _, ip in items), f"NodeHostname={names}")
+
+    def registered(self, nodes: Sequence[str]) -> set[str]:
+        """No controller: no node has registered."""
+        return set()
 
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Show the hand-back."""

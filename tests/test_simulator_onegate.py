@@ -176,13 +176,30 @@ def test_resume_waits_for_the_guests_ready(tmp_path: Path, sim) -> None:
         thread.join(5)
 
 
-def test_resume_hands_back_a_node_whose_guest_never_reports_ready(tmp_path: Path, sim) -> None:
+@pytest.mark.parametrize("slurm_says", ["", "NodeName=gpu01 State=IDLE+CLOUD+POWERING_UP\n"],
+                         ids=["no answer", "powering up"])
+def test_resume_hands_back_a_node_whose_guest_never_reports_ready(tmp_path: Path, sim, slurm_says) -> None:
     setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=1.5))
+    setup.set_nodes(slurm_says)  # its slurmd has not registered either
     assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
     sim.wait_for(lambda: vms_of(sim, "gpu01") == [], 10)  # its VM was terminated: no GPU held
     [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
     assert handback[0] == "NodeName=gpu01"
     assert "READY=YES" in " ".join(handback)
+
+
+@pytest.mark.parametrize("state", ["IDLE+CLOUD", "ALLOCATED+CLOUD"])
+def test_resume_counts_a_node_whose_slurmd_registered_without_ready_as_up(tmp_path: Path, sim, state) -> None:
+    """OneGate slow or unreachable from the guest, but slurmd registered (and may run a job): at boot_timeout
+    resume asks Slurm, keeps the VM and counts the node up, with a warning, instead of tearing it down."""
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=1.5))
+    setup.set_nodes(f"NodeName=gpu01 State={state} NodeAddr=127.0.1.1\n")
+    assert resume_main(["gpu01"], setup.env) == EXIT_OK
+    [vm] = vms_of(sim, "gpu01")
+    assert vm.state_str == "RUNNING" and "READY" not in vm.user_template
+    assert not [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert "node=gpu01 vm=0: slurmd registered but the guest reported no READY=YES within boot_timeout 1.5s: " \
+           "counted as up; check the guest's OneGate access" in setup.log_text()
 
 
 @pytest.mark.parametrize(("body", "stored"), [
