@@ -122,13 +122,14 @@ def test_sbatch_boots_gpu_vms_on_a_real_oned_the_job_runs_and_suspend_frees_the_
         return {vm.name: vm for vm in pool(oned) if vm.is_ours(cluster.cluster_name, vm.name)}
 
     assert sorted(ours()) == ["gpu01", "gpu02"]
-    # SuspendTime 20 s: the checks below need the VMs still there (5 s ran out on a loaded machine).
-    # The job may start as soon as slurmd registers; the worker's READY follows through the real OneGate.
-    cluster.wait_for(lambda: all(vm.ready for vm in ours().values()), 60, "READY=YES from both guests")
+    # Checked now, while the nodes are certainly up (SuspendTime 20 s; 23.11+ reset NodeAddr at power-down).
     for node, vm in ours().items():
         assert [gpu.address for gpu in vm.gpus if gpu.address], "oned assigned the VM a GPU"
         assert cluster.node_info(node)["NodeAddr"] == vm.ip
     assert sorted(gpu_holders(oned).values()) == sorted(vm.id for vm in ours().values())
+    # The job may start as soon as slurmd registers; the worker's READY follows through the real OneGate,
+    # which answered a PUT only after the worker's 10 s curl timeout, four times over, on a loaded machine.
+    cluster.wait_for(lambda: all(vm.ready for vm in ours().values()), 60, "READY=YES from both guests")
     # Idle: slurmctld runs our SuspendProgram; the VMs are terminated and the GPUs free again.
     cluster.wait_for(lambda: not [vm for vm in pool(oned) if vm.state != DONE], 120, "every VM terminated")
     assert gpu_holders(oned) == {}
