@@ -14,7 +14,7 @@ from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, HostlistError, PowerError, first_line
 from .findings import Report, X, check_files, check_ownership, check_transport
-from .hostlists import expand, fold
+from .hostlists import expand, fold, split_top_level
 from .operation import Cloud
 from .prolog import MARGIN
 from .shapes import (
@@ -256,14 +256,8 @@ def check_suspend_exclusions(report: Report, config: Config, conf: SlurmConf) ->
 
 
 def _top_level(value: str) -> list[str]:
-    """A comma-separated slurm.conf list whose items may be hostlists (commas inside brackets stay)."""
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(value + ","):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items += [value[start:i].strip()] if value[start:i].strip() else []
-            start = i + 1
-    return items
+    """A slurm.conf list whose items may be hostlists, each stripped, empty ones left out."""
+    return [item.strip() for item in split_top_level(value) if item.strip()]
 
 
 def _names(conf: SlurmConf, expression: str) -> list[str]:
@@ -310,7 +304,8 @@ def check_poweroff(report: Report, config: Config) -> None:
 
 
 def check_programs(report: Report, conf: SlurmConf, version: tuple[int, int] | None) -> None:
-    """Resume/Suspend/ResumeFail programs are ours and executable; PrivateData=cloud."""
+    """Resume/Suspend/ResumeFail programs are ours and executable (also through a PowerAction);
+    PrivateData=cloud."""
     for key, name in PROGRAMS.items():
         value, (expected, _) = conf.params.get(key.lower(), ""), program_path(name)
         if value in conf.actions:

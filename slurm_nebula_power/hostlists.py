@@ -44,10 +44,10 @@ def expand(expression: str) -> list[str]:
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")
 
 
-def size(expression: str) -> int:
-    """How many names an expression stands for, counted without expanding it (duplicates counted; 0 for
-    what python-hostlist will refuse as malformed anyway)."""
-    total, depth, start = 0, 0, 0
+def split_top_level(expression: str) -> list[str]:
+    """The comma-separated items of a list whose items may be hostlists (commas inside brackets stay), as
+    written: unstripped, empty ones kept."""
+    depth, start = 0, 0
     items = []
     for index, char in enumerate(expression):
         depth += (char == "[") - (char == "]")
@@ -55,7 +55,14 @@ def size(expression: str) -> int:
             items.append(expression[start:index])
             start = index + 1
     items.append(expression[start:])
-    for item in items:
+    return items
+
+
+def size(expression: str) -> int:
+    """How many names an expression stands for, counted without expanding it (duplicates counted; 0 for
+    what python-hostlist will refuse as malformed anyway)."""
+    total = 0
+    for item in split_top_level(expression):
         product = 1
         for group in re.findall(r"\[([^\[\]]*)\]", item):
             count = 0

@@ -27,6 +27,8 @@ from typing import Any, ClassVar, TypeVar
 
 import vmnet
 
+from slurm_nebula_power.shapes import PROGRAMS  # slurm.conf key -> our program
+
 T = TypeVar("T")
 
 BINARIES = ("slurmctld", "slurmd", "scontrol", "sbatch", "sinfo", "squeue", "scancel", "munged", "mungekey")
@@ -719,16 +721,13 @@ def rewrite_lines(path: Path, change: Callable[[list[str]], list[str]]) -> None:
     path.write_text("\n".join(change(path.read_text().splitlines())) + "\n")
 
 
-PROGRAM_KEYS = ("ResumeProgram", "SuspendProgram", "ResumeFailProgram")
-
-
 def as_power_actions(lines: list[str], location: str = "slurmctld", arguments: str = "") -> list[str]:
     """slurm.conf lines with the power programs named through Slurm 26.05's PowerAction lines (an action per
     program, at `location`, its Program the path plus `arguments`)."""
     out, actions = [], []
     for line in lines:
         key, _, path = line.partition("=")
-        if key in PROGRAM_KEYS:
+        if key in PROGRAMS:
             name = f"nebula_{key.lower()}"
             out.append(f"{key}={name}")
             actions.append(f'PowerAction={name} Location={location} Program="{path}{arguments}"')

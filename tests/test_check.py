@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from findings import finding
 from simfixtures import AUTH
-from slurmharness import PROGRAM_KEYS, SlurmCommandError, as_power_actions, recording_program, rewrite_lines
+from slurmharness import SlurmCommandError, as_power_actions, recording_program, rewrite_lines
 from support import Setup, make_setup
 
 from slurm_nebula_power.cli import check
@@ -364,7 +364,7 @@ def test_power_actions_naming_our_programs_are_26_05s(sim, tmp_path, capsys, ver
     rewrite_lines(site.root / "slurm.conf", as_power_actions)
     code, found = findings(site, capsys)
     # Each PowerAction is followed to its Program: our program's path, found and executable.
-    programs = {f["subject"]: f for f in found if f["subject"] in {f"slurm.conf {key}" for key in PROGRAM_KEYS}}
+    programs = {f["subject"]: f for f in found if f["subject"] in {f"slurm.conf {key}" for key in PROGRAMS}}
     assert {s: (f["level"], f["text"]) for s, f in programs.items()} == {
         f"slurm.conf {key}": ("ok", str(program_path(name)[0])) for key, name in PROGRAMS.items()}
     said = [f for f in found if f["subject"] == "slurm.conf PowerAction"]
