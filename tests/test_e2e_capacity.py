@@ -40,7 +40,6 @@ def test_a_4_node_job_on_3_free_gpus_is_handed_back_whole_in_seconds_holding_no_
     env.wait(lambda: c.job_info(job).get("Restarts") == "1", 30, "job requeued")
     seconds = clock()
     print(f"\nE2E-TIME 4-node job, 3 free GPUs: sbatch -> requeued {seconds:.1f} s (boot_timeout {BOOT_TIMEOUT} s)")
-    assert seconds < 30 < BOOT_TIMEOUT
     why = f"job {job}: needs 4 GPUs 10de:0302, 3 free"
     env.wait(lambda: summaries(env, "slurm-nebula-resume"), 5, "resume finished")
     assert summaries(env, "slurm-nebula-resume")[0] == f"gpu[01-04]: 0 done, 4 failed ({why}: gpu[01-04])"
@@ -70,7 +69,6 @@ def test_a_gpu_taken_after_the_count_is_caught_by_pending_timeout_and_the_job_ha
     env.wait(lambda: c.job_info(job).get("Restarts") == "1", 40, "job requeued")
     seconds = clock()
     print(f"\nE2E-TIME race, pending_timeout 2 s: sbatch -> requeued {seconds:.1f} s (boot_timeout {BOOT_TIMEOUT} s)")
-    assert seconds < 40 < BOOT_TIMEOUT
     env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
     [summary] = summaries(env, "slurm-nebula-resume")[:1]
     assert summary.startswith("gpu[01-04]: 0 done, 4 failed (no free GPU 10de:0302: PENDING 2s, 0 free"), summary

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 from slurm_nebula_power.resume import resume
 
-BOOT_TIMEOUT = 300  # "in seconds, not at boot_timeout": every hand-back below comes long before this
+BOOT_TIMEOUT = 300  # every hand-back below names its cause (the count, pending_timeout), never boot_timeout
 
 
 def nodeset(policy: str | None = None, pending_timeout: float = 1) -> str:
@@ -71,10 +70,8 @@ def take_gpus(sim: Simulator, count: int) -> list[int]:
 def test_a_4_node_job_on_3_free_gpus_is_handed_back_whole_with_no_vm_created(tmp_path, sim) -> None:
     take_gpus(sim, 1)
     setup = site(tmp_path, sim)
-    start = time.monotonic()
     env = {**setup.env, **resume_file(tmp_path, {7: "gpu[01-04]"})}
     assert resume_main(["gpu[01-04]"], env) == EXIT_NODES_FAILED
-    assert time.monotonic() - start < 10
     assert handbacks(setup) == {"gpu[01-04]": "Reason=nebula: job 7: needs 4 GPUs 10de:0302, 3 free"}
     assert calls(sim, "one.template.instantiate") == 0 and calls(sim, "one.hostpool.info") == 1
     assert not ours_holding_gpus(sim)
@@ -144,16 +141,13 @@ def raced_resume(setup: Setup, sim: Simulator, nodes: list[str], jobs: dict[str,
     config = load_config(setup.config, setup.env)
     ctx = build_context(config, setup.env)
     ctx = dataclasses.replace(ctx, cloud=Thief(ctx.cloud, sim, take))
-    start = time.monotonic()
-    outcome = resume(ctx, nodes, jobs)
-    return outcome, time.monotonic() - start
+    return resume(ctx, nodes, jobs)
 
 
 def test_a_gpu_taken_after_the_count_is_caught_by_pending_timeout(tmp_path, sim) -> None:
     setup = site(tmp_path, sim)
     nodes = ["gpu01", "gpu02", "gpu03", "gpu04"]
-    outcome, seconds = raced_resume(setup, sim, nodes, {n: [7] for n in nodes})
-    assert seconds < 20, "handed back at pending_timeout (1 s), not at boot_timeout"
+    outcome = raced_resume(setup, sim, nodes, {n: [7] for n in nodes})  # the reason: at pending_timeout
     assert sorted(outcome.failed_nodes) == nodes and outcome.done == []
     reasons = handbacks(setup)
     [late] = [n for n, r in reasons.items() if "no free GPU 10de:0302: PENDING 1s, 0 free" in r]
@@ -167,7 +161,7 @@ def test_a_gpu_taken_after_the_count_is_caught_by_pending_timeout(tmp_path, sim)
 def test_best_effort_keeps_the_nodes_that_started_when_one_is_not_placed(tmp_path, sim) -> None:
     setup = site(tmp_path, sim, policy="best-effort")
     nodes = ["gpu01", "gpu02", "gpu03", "gpu04"]
-    outcome, _ = raced_resume(setup, sim, nodes, {n: [7] for n in nodes})
+    outcome = raced_resume(setup, sim, nodes, {n: [7] for n in nodes})
     assert len(outcome.done) == 3 and len(outcome.failed_nodes) == 1
     assert len(ours_holding_gpus(sim)) == 3
 
@@ -187,9 +181,7 @@ def test_on_22_05_a_placement_shortage_makes_no_vm_churn_during_the_cooldown(tmp
     with running_simulator(SimConfig(hosts=(small,), durations=Durations(0, 0, 0, 0)), auth=AUTH) as sim:
         setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=nodeset())
         env = {**setup.env, **resume_file(tmp_path, {7: "gpu01"})}
-        start = time.monotonic()
         assert resume_main(["gpu01"], env) == EXIT_NODES_FAILED
-        assert time.monotonic() - start < 20
         assert "not placed within pending_timeout 1s although 4 free" in \
             handbacks(setup)["gpu01"]
         sim.reset_stats()
@@ -214,7 +206,7 @@ def test_after_a_count_shortage_only_the_capacity_read_is_made_during_the_cooldo
 
 def test_the_cooldown_ends_when_gpus_are_freed(tmp_path, sim) -> None:
     setup = site(tmp_path, sim)
-    outcome, _ = raced_resume(setup, sim, ["gpu01"], {"gpu01": [7]}, take=4)
+    outcome = raced_resume(setup, sim, ["gpu01"], {"gpu01": [7]}, take=4)
     assert outcome.failed_nodes == ["gpu01"]
     assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED, "0 free: still cooling down"
     thief = next(v.id for v in sim.vms() if v.name == "other0")
