@@ -56,10 +56,9 @@ def job_checks(site: Setup) -> list[list[str]]:
     return [c for c in site.scontrol_calls() if c[:2] == ["show", "job"]]
 
 
-def site_prolog(path: Path, code: int, record: Path, sleep: float = 0) -> Path:
+def site_prolog(path: Path, code: int, record: Path) -> Path:
     """A site PrologSlurmctld (shell) that records its environment and exits `code`."""
-    path.write_text(f"#!/bin/sh\nenv > {record}\nsleep {sleep}\necho 'site prolog says no' >&2\n"
-                    f"exit {code}\n")
+    path.write_text(f"#!/bin/sh\nenv > {record}\necho 'site prolog says no' >&2\nexit {code}\n")
     path.chmod(0o755)
     return path
 
