@@ -263,14 +263,15 @@ def start_e2e(
 ) -> E2E:
     """Start slurmctld (our installed programs as its power programs), the simulator and the configuration.
 
-    Timings by default: SuspendTime 4, SuspendTimeout 6 ([power] suspend_timeout 5), ResumeTimeout 30
-    (five times boot_timeout 6), cred_expire 5.
+    Timings by default: SuspendTime 4, SuspendTimeout 6 ([power] suspend_timeout 5), ResumeTimeout 60
+    (ten times boot_timeout 6: in a full run the simulated guest, the hook that starts slurmd, once began
+    26 s after its VM was RUNNING), cred_expire 5.
     """
     for program in (RESUME, SUSPEND, RESUME_FAIL):
         assert program.is_file(), f"{program} missing: install the package (pip install -e .)"
     kw: dict[str, Any] = dict(
         nodes=nodes, partition="gpu", resume_program=RESUME, suspend_program=SUSPEND,
-        resume_fail_program=RESUME_FAIL, suspend_time=4, suspend_timeout=6, resume_timeout=30,
+        resume_fail_program=RESUME_FAIL, suspend_time=4, suspend_timeout=6, resume_timeout=60,
         cred_expire=5,
     )
     kw.update(cluster_kw)

@@ -6,7 +6,7 @@ the real scontrol. Each simulated VM's guest is its slurmd, started and stopped 
 slurm.conf has no NodeAddr, so the job reaches a VM only through the address our resume tells slurmctld.
 See tests/e2e_support.py for the wiring and docs/SLURM-FINDINGS.md for what Slurm 22.05 does.
 
-Timings (short on purpose): SuspendTime 4 s, SuspendTimeout 6 s, ResumeTimeout 30 s, boot_timeout 6 s,
+Timings (short on purpose): SuspendTime 4 s, SuspendTimeout 6 s, ResumeTimeout 60 s, boot_timeout 6 s,
 cred_expire 5 s, simulated VM phases 0.2-0.4 s. The measured times are printed (run with -s to see them).
 """
 
@@ -38,7 +38,7 @@ def summaries(env: E2E, program: str) -> list[str]:
                       env.program_log_text())
 
 
-def wait_running(env: E2E, job: int, timeout: float = 40) -> str:
+def wait_running(env: E2E, job: int, timeout: float = 90) -> str:
     """Wait until the job has started (RUNNING, or already past it)."""
     return env.wait(lambda: env.cluster.job_state(job) in ("RUNNING", "COMPLETING", "COMPLETED")
                     and env.cluster.job_state(job), timeout, f"job {job} running")
