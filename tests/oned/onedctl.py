@@ -149,6 +149,11 @@ def configure(directory: str, opts: dict[str, str]) -> None:
             text, n = re.subn(rf"(\b{name}\s*=\s*)\d+", rf"\g<1>{int(opts[key])}", text, count=1)
             if n != 1:
                 die(f"{path}: could not set PROBES_PERIOD {name}")
+    # 7.4 adds EXEC_VM (5 s as shipped): a Ruby probe per host reading the whole VM pool, for the results of
+    # `onevm exec` through the QEMU guest agent, which dummy VMs never have.  It was most of the CPU in full
+    # runs (three 7.4.0 front ends at once, load average 40 on 2 cores).  7.0 has no such probe.
+    if opts.get("exec_vm"):
+        text = re.sub(r"(\bEXEC_VM\s*=\s*)\d+", rf"\g<1>{int(opts['exec_vm'])}", text, count=1)
     text = text.rstrip("\n") + ('\nIM_MAD = [\n    NAME          = "dummy",\n    SUNSTONE_NAME = "Dummy",\n'
                                 '    EXECUTABLE    = "one_im_sh",\n    ARGUMENTS     = "-r 3 -t 15 -w 90 dummy",\n'
                                 '    THREADS       = 0\n]\n')
