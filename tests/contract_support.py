@@ -172,9 +172,10 @@ class Backend:
     def put_vm(self, vm_id: int, token: str, body: str, attempts: int = 3) -> int:
         """A guest's OneGate `PUT /vm`: the HTTP status.
 
-        A PUT with no answer in 20 s is sent again, as a guest does (the worker's curl: --retry 3): in full
-        runs the real OneGate 7.4.0 has left a PUT unanswered for more than 15 s, cause not found.  Each such
-        attempt is printed with what OneGate logged (its access log gives each request's own duration)."""
+        A PUT with no answer in 20 s is sent again, as a guest does (the worker's curl: --retry 3): in a full
+        run the real OneGate 7.4.0 left a PUT unanswered for more than 15 s while the machine was starved
+        (load 40-45, before tests/oned/start.sh stretched EXEC_VM).  Each such attempt is printed with what
+        OneGate logged (its access log gives each request's own duration)."""
         request = urllib.request.Request(f"{self.onegate}/vm", data=body.encode(), method="PUT",
                                          headers={"X-ONEGATE-TOKEN": token, "X-ONEGATE-VMID": str(vm_id)})
         for attempt in range(1, attempts + 1):

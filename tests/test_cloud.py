@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import socket
 import threading
@@ -132,8 +133,14 @@ def test_a_silent_server_times_out_within_the_timeout() -> None:
     try:
         cloud, _ = cloud_for(f"http://127.0.0.1:{listener.getsockname()[1]}/RPC2", timeout=0.5,
                              retry_seconds=0.1)
-        with pytest.raises(TransientCloudError, match="no answer within the timeout"):
-            cloud.version()  # the server never answers: only the 0.5 s timeout can end this call
+        # The server never answers: only the 0.5 s timeout can end this call.  The 30 s wait is a hang guard
+        # (without the timeout the call would never return), not a measure of speed.
+        call = concurrent.futures.ThreadPoolExecutor(1)
+        try:
+            with pytest.raises(TransientCloudError, match="no answer within the timeout"):
+                call.submit(cloud.version).result(timeout=30)
+        finally:
+            call.shutdown(wait=False)
     finally:
         listener.close()
         for conn in held:

@@ -121,12 +121,13 @@ def test_sbatch_boots_gpu_vms_on_a_real_oned_the_job_runs_and_suspend_frees_the_
     def ours() -> dict:
         return {vm.name: vm for vm in pool(oned) if vm.is_ours(cluster.cluster_name, vm.name)}
 
-    assert sorted(ours()) == ["gpu01", "gpu02"]
     # Checked now, while the nodes are certainly up (SuspendTime 20 s; 23.11+ reset NodeAddr at power-down).
-    for node, vm in ours().items():
+    vms = ours()
+    assert sorted(vms) == ["gpu01", "gpu02"]
+    for node, vm in vms.items():
         assert [gpu.address for gpu in vm.gpus if gpu.address], "oned assigned the VM a GPU"
         assert cluster.node_info(node)["NodeAddr"] == vm.ip
-    assert sorted(gpu_holders(oned).values()) == sorted(vm.id for vm in ours().values())
+    assert sorted(gpu_holders(oned).values()) == sorted(vm.id for vm in vms.values())
     # The job may start as soon as slurmd registers; the worker's READY follows through the real OneGate,
     # which answered a PUT only after the worker's 10 s curl timeout, four times over, on a loaded machine.
     cluster.wait_for(lambda: all(vm.ready for vm in ours().values()), 60, "READY=YES from both guests")
