@@ -21,11 +21,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _parse_pool(text: object) -> list[Vm]:
+def _parsed(method: str, parse: Callable[[str], T], text: object) -> T:
+    """An oned document parsed; a malformed one (truncated, a field that is not a number) is a transient
+    error of its call, like an answer that never came, never a crash of the program."""
     try:
-        return vms_from_xml(str(text))
+        return parse(str(text))
     except (ET.ParseError, ValueError) as exc:
-        raise TransientCloudError(f"[one.vmpool.infoextended] unreadable pool document: {exc}") from None
+        raise TransientCloudError(f"[one.{method}] unreadable document: {str(exc)[:120]}") from None
 
 
 @dataclass
@@ -121,7 +123,8 @@ class OneCloud:
         below it as last seen.
         """
         vms: list[Vm] = self.call("vmpool.infoextended",
-                                  lambda s: _parse_pool(s.call("vmpool.infoextended", -3, first_id, -1, -1)))
+                                  lambda s: _parsed("vmpool.infoextended", vms_from_xml,
+                                                    s.call("vmpool.infoextended", -3, first_id, -1, -1)))
         if first_id < 0 or self.last_vms is None:
             self.last_vms = vms
         else:
@@ -130,18 +133,19 @@ class OneCloud:
 
     def vm(self, vm_id: int) -> Vm:
         """One VM's state now (one.vm.info); VmNotFound when oned has no such VM."""
-        vms: list[Vm] = self.call(f"vm.info {vm_id}", lambda s: vms_from_xml(str(s.call("vm.info", vm_id, False))))
+        vms: list[Vm] = self.call(f"vm.info {vm_id}",
+                                  lambda s: _parsed("vm.info", vms_from_xml, s.call("vm.info", vm_id, False)))
+        if not vms:
+            raise TransientCloudError(f"[one.vm.info] unreadable document: no VM {vm_id} in it")
         return vms[0]
 
     def host_gpus(self) -> tuple[int, int]:
         """(GPUs, free GPUs) on every host (one one.hostpool.info)."""
-        text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))
-        return host_gpus(str(text))
+        return self.call("hostpool.info", lambda s: _parsed("hostpool.info", host_gpus, s.call("hostpool.info")))
 
     def hosts(self) -> list[Host]:
         """One host pool query: every host the user may see, with its state and PCI devices (VMID -1: free)."""
-        text = self.call("hostpool.info", lambda s: s.call("hostpool.info"))
-        return hosts_from_xml(str(text))
+        return self.call("hostpool.info", lambda s: _parsed("hostpool.info", hosts_from_xml, s.call("hostpool.info")))
 
     def template_id(self, ref: str | int) -> int:
         """A template's numeric id, from its id or its name (one templatepool query)."""

@@ -68,6 +68,41 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+_JOB_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() takes '²', which int() refuses
+MOST_JOB_IDS = 64  # job ids kept per VM (a node is resumed for a handful of jobs at once)
+
+
+def parse_job_ids(text: str) -> tuple[int, ...]:
+    """A comma-separated list of Slurm job ids (uint32), strictly: anything else in it is left out."""
+    ids = []
+    for part in text[:MOST_JOB_IDS * 12].split(",")[:MOST_JOB_IDS]:
+        part = part.strip()
+        if _JOB_ID.fullmatch(part) and int(part) < 1 << 32:
+            ids.append(int(part))
+    return tuple(ids)
+
+
+_NUMBER = re.compile(r"-?[0-9]{1,18}")
+
+
+def number(text: str | None, default: int, what: str) -> int:
+    """An integer field of an oned document, strictly (ASCII digits, bounded); ValueError naming the field
+    otherwise, never the value (a rewritten answer may carry anything)."""
+    text = (text or "").strip()
+    if not text:
+        return default
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"{what} is not a number")
+    return int(text)
+
+
+def cell(text: str, length: int = 64) -> str:
+    """A table cell of text from outside (a host name, an address): printable, and cut past `length`, so
+    no value can forge a row of `status` or `usage` or push its columns off the screen."""
+    text = printable(text)
+    return text if len(text) <= length else text[:length - 3] + "..."
+
+
 _ADDRESS_CHARS = re.compile(r"[0-9A-Fa-f.:]{2,45}")
 
 
@@ -137,9 +172,12 @@ class Vm:
 
     @property
     def job_ids(self) -> tuple[int, ...]:
-        """The job ids resume tagged the VM with (USER_TEMPLATE SLURM_JOB_IDS)."""
-        text = str(self.user_template.get(TAG_JOBS, ""))
-        return tuple(int(j) for j in text.split(",") if j.strip().isdigit())
+        """The job ids resume started the VM for: TEMPLATE/CONTEXT's SLURM_JOB_IDS, set at instantiate.
+
+        Never USER_TEMPLATE's copy: a guest rewrites that through OneGate (SLURM_JOB_IDS=² once made every
+        suspend of its node set exit 4), and the usage records bill by these ids. A VM made by an earlier
+        version has them only there: it has none."""
+        return parse_job_ids(self.context.get(TAG_JOBS, ""))
 
     @property
     def state_name(self) -> str:
@@ -282,9 +320,10 @@ def _vm_from_element(vm: ET.Element) -> Vm:
         elif tag == "HISTORY_RECORDS":
             for name in child.iterfind("HISTORY/HOSTNAME"):
                 host = name.text or None  # the last record is where the VM is (or was)
-    return Vm(id=int(fields.get("ID") or -1), name=fields.get("NAME") or "",
-              state=int(fields.get("STATE") or 0), lcm_state=int(fields.get("LCM_STATE") or 0),
-              ip=ip, host=host, stime=int(fields.get("STIME") or 0), user_template=tags or {},
+    return Vm(id=number(fields.get("ID"), -1, "VM/ID"), name=fields.get("NAME") or "",
+              state=number(fields.get("STATE"), 0, "VM/STATE"),
+              lcm_state=number(fields.get("LCM_STATE"), 0, "VM/LCM_STATE"),
+              ip=ip, host=host, stime=number(fields.get("STIME"), 0, "VM/STIME"), user_template=tags or {},
               context=context or {}, pci=tuple(pci))
 
 
@@ -344,10 +383,10 @@ def hosts_from_xml(text: str) -> list[Host]:
             PciDevice(short_address=pci.findtext("SHORT_ADDRESS") or "", vendor=pci.findtext("VENDOR") or "",
                       device=pci.findtext("DEVICE") or "", klass=pci.findtext("CLASS") or "",
                       profiles=tuple(p.strip() for p in (pci.findtext("PROFILES") or "").split(",") if p.strip()),
-                      vmid=int(pci.findtext("VMID") or -1))
+                      vmid=number(pci.findtext("VMID"), -1, "HOST/HOST_SHARE/PCI_DEVICES/PCI/VMID"))
             for pci in host.iterfind("HOST_SHARE/PCI_DEVICES/PCI"))
-        hosts.append(Host(id=int(host.findtext("ID") or -1), name=host.findtext("NAME") or "",
-                          state=int(host.findtext("STATE") or 0), devices=devices))
+        hosts.append(Host(id=number(host.findtext("ID"), -1, "HOST/ID"), name=host.findtext("NAME") or "",
+                          state=number(host.findtext("STATE"), 0, "HOST/STATE"), devices=devices))
     return hosts
 
 

@@ -77,7 +77,8 @@ def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mappin
 
     oned's instantiate replaces a template attribute given again in the extra template, so CONTEXT
     is sent whole: the template's own CONTEXT plus SET_HOSTNAME, SLURM_NODENAME and SLURM_CLUSTER (the
-    identity). The USER_TEMPLATE tags are for people and the job ids; a guest may rewrite them.
+    identity) and SLURM_JOB_IDS (what the usage records bill). The USER_TEMPLATE tags repeat them for
+    people; a guest may rewrite those, and nothing reads them back.
     """
     def element(key: str, value: object) -> str:
         return f"<{key}>{escape(str(value))}</{key}>"
@@ -85,9 +86,14 @@ def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mappin
     merged = {str(k): v for k, v in context.items() if not isinstance(v, (dict, list))}
     # Identity lives in CONTEXT, which a guest cannot rewrite (OneGate writes USER_TEMPLATE only).
     merged.update({"SET_HOSTNAME": node, TAG_NODE: node, TAG_CLUSTER: cluster})
+    job_ids = ",".join(str(j) for j in sorted(set(jobs)))
+    # The job ids too: the usage records bill by them, so they come from CONTEXT, never USER_TEMPLATE.
+    merged.pop(TAG_JOBS, None)
+    if jobs:
+        merged[TAG_JOBS] = job_ids
     parts = [element(TAG_CLUSTER, cluster), element(TAG_NODE, node), element(TAG_MANAGER, __version__)]
     if jobs:
-        parts.append(element(TAG_JOBS, ",".join(str(j) for j in sorted(set(jobs)))))
+        parts.append(element(TAG_JOBS, job_ids))  # for people: a guest may rewrite it
     parts.append("<CONTEXT>" + "".join(element(k, v) for k, v in merged.items()) + "</CONTEXT>")
     return "<TEMPLATE>" + "".join(parts) + "</TEMPLATE>"
 

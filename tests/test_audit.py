@@ -14,7 +14,7 @@ from opennebula_sim import running_simulator
 from slurm_nebula_power.audit import AuditLog
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import OneConfig
-from slurm_nebula_power.model import Pci, Vm, vms_from_xml
+from slurm_nebula_power.model import MOST_JOB_IDS, Pci, Vm, parse_job_ids, vms_from_xml
 from slurm_nebula_power.records import CATEGORIES, from_json, read_records, reason_category
 
 # A VM as oned shows it once deployed: TEMPLATE/PCI with the host device's address; a guest's OneGate PUT can
@@ -25,8 +25,9 @@ VM_DOC = """<VM><ID>5</ID><NAME>gpu01</NAME><STATE>3</STATE><LCM_STATE>3</LCM_ST
 <FUNCTION>0</FUNCTION><PCI_ID>0</PCI_ID><PROFILE>nvidia-h100-1g</PROFILE><SHORT_ADDRESS>41:00.0</SHORT_ADDRESS>
 <SLOT>00</SLOT><VENDOR>10de</VENDOR></PCI>
 <PCI><ADDRESS>0000:c1:00.1</ADDRESS><CLASS>0207</CLASS><TYPE>NIC</TYPE><VENDOR>15b3</VENDOR></PCI>
+<CONTEXT><SLURM_NODENAME>gpu01</SLURM_NODENAME><SLURM_JOB_IDS>41,42</SLURM_JOB_IDS></CONTEXT>
 </TEMPLATE>
-<USER_TEMPLATE><SLURM_JOB_IDS>41,42</SLURM_JOB_IDS><PCI><ADDRESS>0000:ff:00.0</ADDRESS></PCI></USER_TEMPLATE>
+<USER_TEMPLATE><SLURM_JOB_IDS>99</SLURM_JOB_IDS><PCI><ADDRESS>0000:ff:00.0</ADDRESS></PCI></USER_TEMPLATE>
 <HISTORY_RECORDS><HISTORY><HOSTNAME>h1</HOSTNAME></HISTORY></HISTORY_RECORDS></VM>"""
 
 
@@ -35,7 +36,20 @@ def test_template_pci_gives_the_gpus_as_oned_assigned_them() -> None:
     assert vm.gpus == (Pci(address="0000:41:00.0", short_address="41:00.0", vendor="10de", device="2330",
                            klass="0302", profile="nvidia-h100-1g"),)
     assert len(vm.pci) == 2 and vm.pci[1].type == "NIC"  # the InfiniBand VF is PCI but no GPU
-    assert vm.job_ids == (41, 42)
+    assert vm.job_ids == (41, 42), "from CONTEXT, never the guest-writable USER_TEMPLATE (99)"
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "4" * 5000, "1\u0663", "1_0", "+5", "-5", " ", "7," * 10_000])
+def test_job_ids_are_parsed_strictly_and_bounded(text: str) -> None:
+    ids = parse_job_ids(text)  # never raises, whatever a rewritten answer holds
+    assert len(ids) <= MOST_JOB_IDS and all(0 <= i < 1 << 32 for i in ids)
+    assert ids == ((7,) * MOST_JOB_IDS if text.startswith("7,") else ())
+
+
+def test_a_vm_tagged_only_in_its_user_template_has_no_job_ids() -> None:
+    vm = Vm(id=1, name="gpu01", state=3, lcm_state=3, user_template={"SLURM_JOB_IDS": "41"},
+            context={"SLURM_NODENAME": "gpu01"})
+    assert vm.job_ids == ()
 
 
 def test_the_simulator_s_deployed_gpu_vm_carries_its_host_device(tmp_path) -> None:
@@ -67,7 +81,7 @@ def test_a_record_names_node_vm_host_gpus_jobs_event_and_time(tmp_path) -> None:
     assert record.time == 1_764_576_000.25 and record.gpus[0]["address"] == "0000:41:00.0"
 
 
-def test_job_ids_default_to_the_vm_s_tag_and_a_failure_carries_its_category(tmp_path) -> None:
+def test_job_ids_default_to_the_vm_s_context_and_a_failure_carries_its_category(tmp_path) -> None:
     [vm] = vms_from_xml(VM_DOC)
     data = record_line(tmp_path, event="failed", node="gpu01", vm=vm,
                        reason="no host with a free GPU (VM PENDING past boot_timeout)")

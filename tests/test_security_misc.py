@@ -57,7 +57,7 @@ def test_a_malformed_pool_document_is_retried_then_the_node_handed_back(tmp_path
         proxy.close()
     assert done.returncode == EXIT_NODES_FAILED, "not an internal error (exit 4)"
     log = setup.log_text()
-    assert "retrying vmpool.infoextended" in log and "unreadable pool document" in log
+    assert "retrying vmpool.infoextended" in log and "unreadable document" in log
     assert [u[0] for u in setup.updates() if "State=POWER_DOWN_FORCE" in u] == ["NodeName=gpu01"]
 
 
