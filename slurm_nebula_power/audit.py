@@ -2,9 +2,11 @@
 
 Each record is one `os.write` of one line to a file opened with O_APPEND: the kernel appends each write
 whole at the end of the file, so lines of concurrent runs (and of one run's threads) never interleave on
-a local filesystem. Records stay far below 4 KiB (reasons and device lists are bounded). The file is
-created mode 0640; logrotate may move it at any time: each run opens it anew. A write that fails (disk
-full, permissions) is logged once and never fails the run: accounting must not cost a job its nodes.
+a local filesystem. Records stay far below 4 KiB (every field is bounded). The file is created mode 0640,
+for SlurmUser when root runs a program by hand; it is opened without following a link and must be a
+regular file of ours (files.open_file); logrotate may move it at any time: each run opens it anew. A
+record that cannot be made or written (disk full, permissions, anything) is logged once and never fails
+the run: accounting must not cost a job its nodes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .files import Owner, open_file
 from .model import Vm
 from .records import Record, gpu_fields
 
@@ -29,8 +32,9 @@ class AuditLog:
     """One run's recorder: writes each event to the audit file (when configured) and counts it."""
 
     def __init__(self, path: Path | None, program: str, cluster: str,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, owner: Owner | None = None) -> None:
         self.path = path
+        self.owner = owner  # who gets the file when this run creates it (SlurmUser, for a root run)
         self.program = program
         self.cluster = cluster
         self.clock = clock
@@ -38,10 +42,22 @@ class AuditLog:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._broken = False
+        self.unmade = 0  # records that could not be made (logged once)
 
     def record(self, event: str, node: str, vm: Vm | None = None, vm_id: int | None = None,
                jobs: Sequence[int] = (), reason: str | None = None, action: str | None = None) -> None:
-        """Record one VM event of a node (host, GPUs and job ids are taken from the VM when it is given)."""
+        """Record one VM event of a node (host, GPUs and job ids are taken from the VM when it is given).
+        Never raises: a record that cannot be made is logged once and lost."""
+        try:
+            self._record(event, node, vm, vm_id, jobs, reason, action)
+        except Exception:
+            self.unmade += 1
+            if self.unmade == 1:
+                log.exception("audit_file %s: cannot make a usage record of node %s (it is lost, the run goes on)",
+                              self.path, node)
+
+    def _record(self, event: str, node: str, vm: Vm | None, vm_id: int | None, jobs: Sequence[int],
+                reason: str | None, action: str | None) -> None:
         record = Record(
             time=self.clock(), event=event, node=node, vm=vm.id if vm is not None else vm_id,
             host=vm.host if vm is not None else None,
@@ -56,23 +72,25 @@ class AuditLog:
 
     def _write(self, record: Record) -> None:
         line = record.to_json()
-        if len(line) >= MAX_LINE:  # only a pathological reason or device list gets here
-            line = Record(**{**record.__dict__, "reason": (record.reason or "")[:80] or None,
-                             "gpus": record.gpus[:4]}).to_json()
+        if len(line) >= MAX_LINE:  # only pathological values from OpenNebula get here (non-ASCII is 6 bytes)
+            short = {**record.__dict__, "reason": (record.reason or "")[:80] or None}
+            line = Record(**{**short, "gpus": record.gpus[:4]}).to_json()
+            if len(line) >= MAX_LINE:
+                line = Record(**{**short, "gpus": (), "host": (record.host or "")[:40] or None}).to_json()
         data = (line + "\n").encode("ascii")
         try:
             if self._fd is None:
                 if self._broken:
                     return
                 assert self.path is not None
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, MODE)
+                self._fd = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, MODE, self.owner)
             written = os.write(self._fd, data)
             if written != len(data):
                 raise OSError(f"short write ({written} of {len(data)} bytes)")
         except OSError as exc:
             if not self._broken:
-                log.error("audit_file %s: cannot append usage records: %s; fix its directory's permissions "
-                          "(usage records of this run are lost)", self.path, exc)
+                log.error("audit_file %s: cannot append usage records (those of this run are lost): %s",
+                          self.path, exc.strerror or exc)
             self._broken = True
 
     def close(self) -> None:

@@ -1,7 +1,9 @@
 """The shortage cooldown's state, kept across resume processes: one small JSON file per node set in
 [power] lock_dir (`shortage-<hash of the node set's nodes>.json`), replaced atomically (write a temporary
 file beside it, then rename), read at the start of each resume. A missing, unreadable or malformed file
-is no cooldown: the state only ever saves API calls, so losing it is safe.
+is no cooldown: the state only ever saves API calls, so losing it is safe. lock_dir may be shared by two
+controllers: a state file is read without following a link, only as a regular file of ours, and with a
+size cap, and a root run writes it for SlurmUser (files.py).
 """
 
 from __future__ import annotations
@@ -9,18 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import Owner, read_capped, replace
+
 log = logging.getLogger(__name__)
 
 COUNT, PLACEMENT = "count", "placement"  # found by counting the host pool / by oned not placing our VM
 QUOTA = "quota"  # oned refused for a user or group quota: no count of free GPUs lifts it, only time
+MOST_BYTES = 64 << 10  # a state file's size at most (ours are a few hundred bytes)
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,10 @@ class Shortage:
 class ShortageLog:
     """Where resume records shortages and reads them back, per node set."""
 
-    def __init__(self, directory: Path, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.time, owner: Owner | None = None) -> None:
         self.directory = directory
         self.clock = clock
+        self.owner = owner  # who gets the files a root run writes (SlurmUser)
 
     def path(self, nodes: str) -> Path:
         """The state file of a node set (named by a hash: a hostlist expression can be long)."""
@@ -54,17 +58,21 @@ class ShortageLog:
     def read(self, nodes: str) -> Shortage | None:
         """The node set's last shortage, or None."""
         try:
-            data: Any = json.loads(self.path(nodes).read_text(encoding="utf-8"))
+            raw = read_capped(self.path(nodes), MOST_BYTES, self.owner)
+            if raw is None:
+                return None
+            data: Any = json.loads(raw)
             if not isinstance(data, dict) or data.get("nodes") != nodes:
                 return None
             free = data.get("free")
             return Shortage(nodes=nodes, at=float(data["at"]), kind=str(data["kind"]),
-                            free=None if free is None else int(free), reason=str(data.get("reason", "")),
+                            free=None if free is None else int(free), reason=str(data.get("reason", ""))[:200],
                             requests=tuple({str(k): str(v) for k, v in r.items()} for r in data.get("requests", [])))
-        except FileNotFoundError:
+        except OSError as exc:
+            log.warning("ignoring unreadable shortage state %s: %s", self.path(nodes), exc.strerror or exc)
             return None
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.warning("ignoring unreadable shortage state %s: %s", self.path(nodes), exc)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # never quoted
+            log.warning("ignoring malformed shortage state %s (%s)", self.path(nodes), type(exc).__name__)
             return None
 
     def record(self, nodes: str, kind: str, free: int | None, reason: str,
@@ -76,14 +84,7 @@ class ShortageLog:
         path = self.path(nodes)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".shortage-", dir=self.directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    json.dump(body, handle)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            replace(path, json.dumps(body).encode(), 0o640, self.owner)
         except OSError as exc:
             log.error("could not record the shortage of %s in %s: %s", nodes, path, exc)
         return shortage

@@ -215,7 +215,7 @@ def reconcile(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]],
             assert diagnosis.repair is not None
             emit(f"{view.node}: {'; '.join(diagnosis.problems)} -> would {describe(diagnosis.repair)}")
         return outcome
-    with NodeLocks(ctx.config.power.lock_dir, [view.node for view, _ in todo], lock_wait) as locks:
+    with NodeLocks(ctx.config.power.lock_dir, [view.node for view, _ in todo], lock_wait, owner=ctx.owner) as locks:
         for node in locks.busy:
             emit(f"{node}: skipped, a resume or suspend holds its lock (next run)")
             log.info("node=%s reconcile skipped: busy", node)

@@ -30,7 +30,7 @@ class Gate:
         self.ctx = ctx
         self.jobs = jobs
         self.requests: dict[int, Requests] = {}  # id(nodeset) -> the GPUs one of its VMs needs
-        self.shortages = ShortageLog(ctx.config.power.lock_dir)
+        self.shortages = ShortageLog(ctx.config.power.lock_dir, owner=ctx.owner)
         self._hosts: list[Host] | None = None
         self._hosts_read = False
 

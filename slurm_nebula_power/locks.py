@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import resource
@@ -14,6 +13,7 @@ from types import TracebackType
 
 from .backoff import Backoff
 from .errors import ConfigError
+from .files import UnsafeFile, open_file
 
 LOCK_MODE = 0o644  # flock needs only an open file: SlurmUser opens it read-only whoever created it
 SPARE_FDS = 256  # descriptors kept free beyond one per lock: sockets of the thread pool, logs, scontrol
@@ -46,8 +46,17 @@ class NodeLocks:
 
     def __enter__(self) -> NodeLocks:
         self._open_dir()
-        _room_for(len(self.nodes))
-        pending = list(self.nodes)
+        room = _room_for(len(self.nodes))
+        if room < len(self.nodes):
+            # Beyond the hard limit of open files: lock what fits and leave the API its descriptors; the
+            # rest are handed back (a 5,000-node suspend under `ulimit -Hn 1024` once took every descriptor
+            # for locks and then reached OpenNebula for none).
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            for node in self.nodes[room:]:
+                self.unavailable[node] = (f"no descriptor left for its lock: the hard limit of open files "
+                                          f"({limit}) fits {room} of this run's {len(self.nodes)} nodes; raise "
+                                          "LimitNOFILE of slurmctld")
+        pending = self.nodes[:room]
         deadline = self.clock() + self.wait
         delay = Backoff(0.02, 0.5)
         while True:
@@ -77,19 +86,18 @@ class NodeLocks:
     def _try(self, node: str) -> bool | None:
         """True: held now; False: busy; None: unavailable (why in self.unavailable)."""
         name = f"{node}.lock"
+        path = self.lock_dir / name
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_MODE,
-                         dir_fd=self._dir_fd)
+            # Without following a link, non-blocking (a FIFO would hang the open), a regular file of ours
+            # with one link; made for SlurmUser when root runs this.
+            fd = open_file(name, os.O_RDONLY | os.O_CREAT, LOCK_MODE, self.owner, dir_fd=self._dir_fd,
+                           exact_mode=True, shown=path)
         except OSError as exc:
-            why = "it is a symlink, never followed" if exc.errno == errno.ELOOP else exc.strerror
-            self.unavailable[node] = f"cannot open {self.lock_dir / name}: {why}"
+            self.unavailable[node] = f"cannot open {path}: {exc.strerror}" if not isinstance(exc, UnsafeFile) \
+                else str(exc.strerror)
             return None
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                os.close(fd)
-                self.unavailable[node] = f"{self.lock_dir / name} is not a regular file"
-                return None
             if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != LOCK_MODE:
                 os.fchmod(fd, LOCK_MODE)  # ours (made 0600 by an older version, or under umask 077)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -118,11 +126,23 @@ class NodeLocks:
         self.release()
 
 
-def _room_for(locks: int) -> None:
+def _open_now() -> int:
+    """How many descriptors this process has open."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the one listdir itself holds
+    except OSError:
+        return 64  # no /proc: a generous guess
+
+
+def _room_for(locks: int) -> int:
     """Raise the soft limit of open files so one run can hold `locks` locks (5,000 nodes under the usual
-    `ulimit -n 1024`); up to the hard limit, beyond which the last locks are unavailable, not fatal."""
+    `ulimit -n 1024`), up to the hard limit; how many locks fit, keeping SPARE_FDS free for the API's
+    sockets, the logs and scontrol."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = locks + SPARE_FDS
+    want = locks + SPARE_FDS + _open_now()
     if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard),
-                                                    hard))
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft == resource.RLIM_INFINITY:
+        return locks
+    return max(0, min(locks, soft - SPARE_FDS - _open_now()))

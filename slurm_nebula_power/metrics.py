@@ -4,8 +4,13 @@ Each program is a short-lived process, so counters must outlive it: `[log] metri
 `.prom` file that every run (resume, suspend, resume-fail, reconcile) rewrites under a lock
 (`<metrics_file>.lock`, flock): it reads the file back with prometheus_client's parser, adds this run's
 counts to the counters and histogram buckets, sets the gauges it measured (the others keep their last
-value) and writes the whole with `write_to_textfile` (a temporary file renamed over the old one: the
-collector never reads half a file). The metrics of one run are built in a CollectorRegistry of its own.
+value) and writes the whole through a temporary file renamed over the old one (the collector never reads
+half a file). The metrics of one run are built in a CollectorRegistry of its own.
+
+The directory may be node_exporter's textfile directory, which others can write: the file and its lock
+are opened without following links, must be regular files of ours, the file is read with a size cap, and a
+file that is not in the textfile format is started again without quoting it (files.py). What a root run
+creates is made for SlurmUser.
 
 prometheus_client costs ~0.1 s to import: only `write_metrics` imports it, and only when metrics_file is
 set. Writing never fails a run: a problem is logged and the run's figures are lost.
@@ -24,11 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import Owner, UnsafeFile, open_file, read_capped, replace
+
 log = logging.getLogger(__name__)
 PREFIX = "slurm_nebula_power_"
 # Run durations: a suspend takes seconds, a resume up to boot_timeout (minutes).
 BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0)
 LOCK_WAIT = 5.0  # seconds a run waits for another run's metrics write
+MOST_BYTES = 8 << 20  # a metrics file's size at most (ours are a few KiB: a few labels per node set)
 
 
 @dataclass
@@ -163,8 +171,8 @@ class _Merged:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, wait: float) -> Iterator[None]:
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+def _locked(path: Path, wait: float, owner: Owner | None) -> Iterator[None]:
+    fd = open_file(path.with_name(path.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o644, owner, exact_mode=True)
     try:
         deadline = time.monotonic() + wait
         while True:
@@ -180,35 +188,44 @@ def _locked(path: Path, wait: float) -> Iterator[None]:
         os.close(fd)
 
 
-def read_metrics(path: Path) -> dict[str, _Family]:
-    """The families in a metrics file ({} when it does not exist)."""
+class Unreadable(ValueError):
+    """A metrics file that is not in the textfile format (its content is never quoted: it may be anything)."""
+
+
+def read_metrics(path: Path, owner: Owner | None = None) -> dict[str, _Family]:
+    """The families in a metrics file ({} when it does not exist); UnsafeFile or Unreadable otherwise."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    data = read_capped(path, MOST_BYTES, owner)
+    if data is None:
         return {}
-    return _families(text_string_to_metric_families(text))
+    try:
+        return _families(text_string_to_metric_families(data.decode("utf-8")))
+    except (ValueError, TypeError, UnicodeDecodeError, IndexError, KeyError) as exc:
+        raise Unreadable(f"not in the textfile format ({type(exc).__name__})") from None
 
 
-def write_metrics(path: Path, run: RunFigures, now: float | None = None, lock_wait: float = LOCK_WAIT) -> bool:
-    """Merge one run's figures into the metrics file, atomically; False (and logged) when it could not."""
-    from prometheus_client import CollectorRegistry, write_to_textfile
+def write_metrics(path: Path, run: RunFigures, now: float | None = None, lock_wait: float = LOCK_WAIT,
+                  owner: Owner | None = None) -> bool:
+    """Merge one run's figures into the metrics file, atomically; False (and logged) when it could not.
+    `owner`: who gets the file and its lock (SlurmUser when root runs this)."""
+    from prometheus_client import CollectorRegistry, generate_latest
 
     try:
-        with _locked(path, lock_wait):
+        with _locked(path, lock_wait, owner):
             try:
-                previous = read_metrics(path)
-            except (ValueError, TypeError, UnicodeDecodeError) as exc:
-                log.warning("metrics_file %s unreadable (%s): starting it again", path, exc)
+                previous = read_metrics(path, owner)
+            except (Unreadable, UnsafeFile) as exc:
+                log.warning("metrics_file %s unusable (%s): starting it again", path, exc.args[-1])
                 previous = {}
             registry = _build(run, time.time() if now is None else now)
             merged = merge(previous, _families(registry.collect()))
             out = CollectorRegistry(auto_describe=False)
             out.register(_Merged(merged))
-            write_to_textfile(str(path), out)
-            os.chmod(path, 0o644)  # node_exporter runs as another user; counters are no secret
+            # 0644: node_exporter runs as another user; counters are no secret
+            replace(path, generate_latest(out), 0o644, owner)
     except (OSError, TimeoutError) as exc:
-        log.error("metrics_file %s: cannot write this run's metrics: %s", path, exc)
+        log.error("metrics_file %s: cannot write this run's metrics: %s", path,
+                  exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
         return False
     return True

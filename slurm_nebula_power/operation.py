@@ -88,6 +88,7 @@ class Context:
     on_vm: Callable[[str, Vm], None] | None = None  # progress observer (the demo)
     poll_first: float = 0.25
     recorder: Recorder = field(default_factory=NoRecorder)  # usage records (the audit file)
+    owner: tuple[int, int] | None = None  # who gets the files a root run creates (SlurmUser): cli.service_owner
 
     @property
     def cluster(self) -> str:

@@ -122,7 +122,9 @@ def test_a_lock_slurmuser_cannot_open_hands_the_node_back(shared, sim) -> None:
     assert handbacks == [["NodeName=gpu02", "State=POWER_DOWN_FORCE",
                           "Reason=nebula: lock unavailable: see the nebula-power log"]]
     assert sorted(live_ours(sim)) == ["gpu01"], "the other node was resumed"
-    assert "gpu02.lock: Permission denied" in setup.log_text()
+    # The fix names the real cause: the file a root run left, not the directory.
+    assert f"gpu02.lock (file of root, mode 0600) cannot be used by slurm: run chown slurm {stale}" \
+        in setup.log_text()
 
 
 def test_no_symlink_in_the_lock_directory_is_followed(tmp_path, sim) -> None:

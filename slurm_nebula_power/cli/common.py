@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import pwd
@@ -14,6 +15,7 @@ from pathlib import Path
 from ..audit import AuditLog
 from ..config import Config, find_config, load_config
 from ..errors import ConfigError
+from ..files import UnsafeFile, open_file
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
 from ..operation import Cloud, Context, Outcome
@@ -58,6 +60,19 @@ def _made_for(owner: tuple[int, int] | None, path: Path, make: Callable[[], obje
         os.chown(path, *owner)
 
 
+class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
+    """The log file, opened by files.open_file (no link followed, created for SlurmUser by a root run)."""
+
+    def __init__(self, path: Path, owner: tuple[int, int] | None) -> None:
+        fd = open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644, owner)
+        super().__init__(os.fdopen(fd, "a", encoding="utf-8"))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.stream.close()
+        super().close()
+
+
 def setup_logging(prog: str, config: Config | None, stream_too: bool = False) -> None:
     """Log to the configured file (or stderr), with the program name and pid on every line."""
     root = logging.getLogger("slurm_nebula_power")
@@ -69,11 +84,12 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
         owner, file = service_owner(config), config.log.file
         try:
             _made_for(owner, file.parent, lambda: file.parent.mkdir(parents=True))
-            _made_for(owner, file, file.touch)
-            handlers.append(logging.FileHandler(file, encoding="utf-8"))
+            handlers.append(_LogFile(file, owner))
         except OSError as exc:
-            raise ConfigError(f"{config.path}: log.file: cannot write {config.log.file}: {exc.strerror}; "
-                              "make its directory writable by SlurmUser or change log.file") from None
+            fix = "" if isinstance(exc, (UnsafeFile, PermissionError)) else \
+                "; make its directory writable by SlurmUser or change log.file"
+            raise ConfigError(f"{config.path}: log.file: cannot write {config.log.file}: {exc.strerror}{fix}") \
+                from None
     if not handlers or stream_too:
         handlers.append(logging.StreamHandler(sys.stderr))
     for handler in handlers:
@@ -121,12 +137,13 @@ def build_context(config: Config, environ: Mapping[str, str], slurm: SlurmContro
                   **options: object) -> Context:
     """Wire the real cloud and Slurm (or the given one) into an operation Context."""
     control = scontrol_for(config, environ) if slurm is None else slurm
-    return Context(config=config, cloud=open_cloud(config), slurm=control, **options)  # type: ignore[arg-type]
+    return Context(config=config, cloud=open_cloud(config), slurm=control, owner=service_owner(config),
+                   **options)  # type: ignore[arg-type]
 
 
 def audit_log(config: Config, program: str) -> AuditLog:
     """This run's usage recorder ([log] audit_file; counting only when it is not set)."""
-    return AuditLog(config.log.audit_file, program, config.slurm.cluster)
+    return AuditLog(config.log.audit_file, program, config.slurm.cluster, owner=service_owner(config))
 
 
 def run_figures(config: Config, program: str, outcome: Outcome | None, recorder: AuditLog, cloud: object,
@@ -162,4 +179,4 @@ def run_figures(config: Config, program: str, outcome: Outcome | None, recorder:
 def publish_metrics(config: Config, figures: RunFigures) -> None:
     """Merge one run's figures into [log] metrics_file, when it is set."""
     if config.log.metrics_file is not None:
-        write_metrics(config.log.metrics_file, figures)
+        write_metrics(config.log.metrics_file, figures, owner=service_owner(config))

@@ -23,6 +23,7 @@ from .common import (
     publish_metrics,
     report_error,
     run_figures,
+    service_owner,
     setup_logging,
 )
 
@@ -55,7 +56,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except PowerError as exc:
         report_error(prog, str(exc))  # one line on stderr (and the log once it is set up)
         return exc.exit_code
-    recorder = AuditLog(None if args.dry_run else config.log.audit_file, "reconcile", config.slurm.cluster)
+    recorder = AuditLog(None if args.dry_run else config.log.audit_file, "reconcile", config.slurm.cluster,
+                        owner=service_owner(config))
     ctx = build_context(config, env, slurm=scontrol, recorder=recorder)
     seen = Survey()
     outcome = None
