@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +24,12 @@ SCHEMA = 1
 EVENTS = ("created", "resumed", "running", "failed", "handed_back", "off", "removed")
 REASON_LENGTH = 200  # characters of a reason kept in a record (a record stays far below 4 KiB)
 MOST_GPUS = 16  # PCI devices kept per record
+FIELD_LENGTH = 80  # characters kept of any other text field (host, state, a GPU's address...): oned's
+MOST_JOBS = 32  # answers are not trusted to be short (a 4 MB HOSTNAME once made a 4 MB record)
+
+
+def _cut(text: str | None, length: int = FIELD_LENGTH) -> str | None:
+    return None if text is None else text[:length]
 
 # Failure reasons -> a small, bounded set of categories (metric label values, usage summaries).
 # The reasons are the texts resume, suspend and reconcile give Slurm; first match wins.
@@ -101,16 +107,17 @@ class Record:
         data: dict[str, Any] = {
             "v": SCHEMA,
             "time": datetime.fromtimestamp(self.time, UTC).isoformat(timespec="milliseconds"),
-            "event": self.event, "node": self.node, "vm": self.vm, "host": self.host,
-            "gpus": [dict(g) for g in self.gpus[:MOST_GPUS]], "jobs": list(self.jobs),
+            "event": self.event, "node": _cut(self.node), "vm": self.vm, "host": _cut(self.host),
+            "gpus": [{_cut(k, 16): _cut(v) for k, v in g.items()} for g in self.gpus[:MOST_GPUS]],
+            "jobs": list(self.jobs[:MOST_JOBS]),
         }
         if self.reason is not None:
             data["reason"] = self.reason[:REASON_LENGTH]
             data["category"] = reason_category(self.reason)
         for key in ("state", "action"):
             if getattr(self, key) is not None:
-                data[key] = getattr(self, key)
-        data.update(program=self.program, cluster=self.cluster, pid=self.pid)
+                data[key] = _cut(getattr(self, key))
+        data.update(program=_cut(self.program), cluster=_cut(self.cluster), pid=self.pid)
         return json.dumps(data, separators=(",", ":"), ensure_ascii=True, sort_keys=False)
 
 
@@ -144,7 +151,7 @@ def from_json(line: str) -> Record:
         raise ValueError(f"malformed usage record: {exc}") from None
 
 
-def read_records(lines: Sequence[str]) -> tuple[list[Record], list[tuple[int, str]]]:
+def read_records(lines: Iterable[str]) -> tuple[list[Record], list[tuple[int, str]]]:
     """Records from audit lines, and (line number, problem) for each line that is not one."""
     records, bad = [], []
     for number, line in enumerate(lines, 1):

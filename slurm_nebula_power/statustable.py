@@ -11,7 +11,7 @@ from .capacity import Pool, gpu_requests, label, usage
 from .config import Config
 from .drift import Diagnosis, NodeView, diagnose, survey
 from .errors import CloudError, PowerError, first_line
-from .model import ACTIVE, STATE_NAMES, lcm_name
+from .model import ACTIVE, STATE_NAMES, cell, lcm_name, printable
 from .operation import Cloud
 from .shapes import PROLOG
 from .slurm import NodeState
@@ -60,8 +60,9 @@ def render(rows: Sequence[Mapping[str, Any]], slurm_asked: bool = True) -> str:
     for r in rows:
         state = r["vm_state"] + (f"/{r['lcm_state']}" if r["lcm_state"] else "") if r["vm_state"] else "-"
         slurm = r["slurm_state"] or ("?" if slurm_asked else "n/a")
-        cells.append((r["node"], slurm, "-" if r["vm_id"] is None else str(r["vm_id"]), state, r["ip"] or "-",
-                      r["host"] or "-", age(r["age_seconds"]), "; ".join(r["problems"])))
+        cells.append((r["node"], cell(slurm), "-" if r["vm_id"] is None else str(r["vm_id"]), state,
+                      cell(r["ip"] or "-"), cell(r["host"] or "-"), age(r["age_seconds"]),
+                      printable("; ".join(r["problems"]))))
     widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(COLUMNS)]
     out = []
     for line in [COLUMNS, *cells]:
@@ -135,7 +136,7 @@ def render_capacity(items: Sequence[Mapping[str, Any]]) -> str:
             continue
         lines.append(f"CAPACITY {item['nodeset']}: GPU {item['gpu']} x{item['gpus_per_vm']} per VM: "
                      f"{item['free']} free, {item['ours']} held by our VMs, {item['others']} by others")
-        cells = [(h["host"], h["state"] + ("" if h["placeable"] else " (takes no VM)"), str(h["free"]),
+        cells = [(cell(h["host"]), h["state"] + ("" if h["placeable"] else " (takes no VM)"), str(h["free"]),
                   str(h["ours"]), str(h["others"])) for h in item["hosts"]]
         head = ("  HOST", "STATE", "FREE", "OURS", "OTHERS")
         cells = [(f"  {c[0]}", *c[1:]) for c in cells]

@@ -14,16 +14,18 @@ already up never reach a ResumeProgram and are not in the records (sacct knows t
 from __future__ import annotations
 
 import gzip
+import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import UsageError
+from .files import open_file
 from .hostlists import fold
-from .model import DONE, Vm
+from .model import DONE, Vm, cell, printable
 from .records import Record, read_records
 
 GROUPS = ("job", "nodeset", "host", "day", "vm")
@@ -69,7 +71,7 @@ class Row:
         self.vms.add(interval.vm)
         self.nodes.add(interval.node)
         for gpu in interval.gpus:
-            name = f"{interval.host or '?'} {gpu.get('address') or gpu.get('short_address') or '?'}"
+            name = f"{cell(interval.host or '?')} {cell(gpu.get('address') or gpu.get('short_address') or '?')}"
             self.gpus[name] = {"vm": interval.vm, "node": interval.node, "host": interval.host, **gpu}
         self.vm_seconds += seconds
         self.gpu_seconds += seconds * len(interval.gpus)
@@ -109,18 +111,47 @@ def audit_files(path: Path) -> list[Path]:
     return files + ([path] if path.exists() else [])
 
 
+LINE_BYTES = 16 << 10  # a record is under 4 KiB; a longer line is not one, and is skipped unread
+FILE_BYTES = 4 << 30  # bytes read of one file at most, after decompression (a .gz may be a bomb)
+
+
+def _lines(handle: BinaryIO, problems: list[str], path: Path) -> Iterator[str]:
+    """The lines of a file, streamed: a line over LINE_BYTES is a problem (and skipped), and reading
+    stops at FILE_BYTES."""
+    total, number = 0, 0
+    while True:
+        line = handle.readline(LINE_BYTES + 1)
+        if not line:
+            return
+        number += 1
+        total += len(line)
+        if len(line) > LINE_BYTES and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n") and total <= FILE_BYTES:  # the rest of the long line
+                line = handle.readline(1 << 20)
+                total += len(line)
+            problems.append(f"{path}:{number}: longer than {LINE_BYTES} bytes: not a usage record")
+            yield ""
+        else:
+            yield line.decode("utf-8", errors="replace")
+        if total > FILE_BYTES:
+            problems.append(f"{path}: more than {FILE_BYTES >> 20} MiB: the rest is not read")
+            return
+
+
 def read_audit(paths: Sequence[Path]) -> tuple[list[Record], list[str]]:
-    """Every record of these files, and one line per line that is not a record (file:line: problem)."""
+    """Every record of these files, and one line per line that is not a record (file:line: problem).
+    Files are streamed (a .gz through gzip), opened without following a link, regular files only."""
     records: list[Record] = []
     problems: list[str] = []
     for path in paths:
         try:
-            raw = path.read_bytes()
-            text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8", errors="replace")
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot read the usage records: {exc.strerror or exc}; check the path "
-                             "and that you may read it (SlurmUser or root)") from None
-        found, bad = read_records(text.splitlines())
+            fd = open_file(path, os.O_RDONLY, any_owner=True)
+            with os.fdopen(fd, "rb") as raw, (gzip.open(raw) if path.suffix == ".gz" else raw) as handle:
+                found, bad = read_records(_lines(handle, problems, path))  # type: ignore[arg-type]
+        except (OSError, EOFError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            raise UsageError(f"{path}: cannot read the usage records: {why}; check the path and that you may "
+                             "read it (SlurmUser or root)") from None
         records.extend(found)
         problems.extend(f"{path}:{number}: {problem}" for number, problem in bad)
     records.sort(key=lambda r: r.time)
@@ -253,7 +284,7 @@ def table_lines(rows: Sequence[Row], group: str) -> list[list[str]]:
     lines = [[HEADERS[group], "VMS", "NODES", "GPUS", "VM-TIME", "VM-HOURS", "GPU-HOURS", "FROM (UTC)", "TO",
               "NOTE"]]
     for row in rows:
-        lines.append([row.key, ",".join(str(v) for v in sorted(row.vms)), fold(sorted(row.nodes)),
+        lines.append([cell(row.key), ",".join(str(v) for v in sorted(row.vms)), printable(fold(sorted(row.nodes))),
                       ", ".join(sorted(row.gpus)) or "-", _duration(row.vm_seconds), f"{row.vm_seconds / 3600:.4f}",
                       f"{row.gpu_seconds / 3600:.4f}", _short(row.first), _short(row.last),
                       "still running" if row.open else ""])
