@@ -145,14 +145,22 @@ def check_ownership(report: Report, config: Config) -> None:
         if path is not None and others_can_write(path):
             report.problem(f"{what} {path}", f"writable by other users: {why}",
                            f"chmod o-w {path} {path.parent} (and chown it to root)")
-    lock_dir = config.power.lock_dir
-    try:
-        mode = lock_dir.stat().st_mode
-    except OSError:
-        return
-    if mode & stat.S_IWOTH:
-        report.problem(f"lock_dir {lock_dir}", "writable by other users: any of them can plant links or files "
-                       "in place of the node locks", f"chmod o-w {lock_dir}")
+    directories = [("lock_dir", config.power.lock_dir, "the node locks and shortage state")]
+    if config.log.audit_file is not None:
+        directories.append(("audit_file's directory", config.log.audit_file.parent, "the usage records"))
+    if config.log.metrics_file is not None:
+        directories.append(("metrics_file's directory", config.log.metrics_file.parent,
+                            "the metrics file and its lock"))
+    for what, directory, holds in directories:
+        try:
+            mode = directory.stat().st_mode
+        except OSError:
+            continue
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+            who = "other users" if mode & stat.S_IWOTH else "its group"
+            report.problem(f"{what} {directory}", f"writable by {who}, without the sticky bit: they can plant "
+                           f"links, FIFOs or files in place of {holds}, or remove them",
+                           f"chmod go-w {directory} (or chmod +t {directory} where others must write there)")
 
 
 def check_transport(report: Report, config: Config) -> None:

@@ -533,3 +533,22 @@ def test_max_parallel_at_oned_stock_max_conn_is_a_warning(site) -> None:
     [found] = [f for f in report.findings if f.subject == subject]
     assert found.level == WARNING and "oned's stock MAX_CONN is 15" in found.text
     assert found.fix.startswith("set max_parallel = 12 or lower")
+
+
+@pytest.mark.parametrize(("mode", "who"), [(0o775, "its group"), (0o757, "other users"), (0o1777, None),
+                                           (0o755, None)])
+def test_a_lock_audit_or_metrics_directory_others_can_write_is_a_problem_unless_sticky(site, capsys, mode,
+                                                                                     who) -> None:
+    # issue 22, item 2: whoever can write these directories can plant links or FIFOs where the programs
+    # open the locks, the usage records and the metrics file (root's runs included)
+    (site.root / "locks").mkdir(exist_ok=True)
+    for directory in (site.root, site.root / "locks"):
+        directory.chmod(mode)
+    _, found = problems(site, capsys)
+    flagged = {p.split(" ", 1)[0] for p in found if "without the sticky bit" in p}
+    if who is None:
+        assert flagged == set(), found
+        return
+    assert flagged == {"lock_dir", "audit_file's", "metrics_file's"}, found
+    [line] = [p for p in found if p.startswith(f"metrics_file's directory {site.root}:")]
+    assert f"writable by {who}, without the sticky bit" in line and f"chmod go-w {site.root}" in line
