@@ -7,11 +7,15 @@ still frees its GPU, and the next resume makes no second VM.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import urllib.request
 from typing import Any
 
+import pytest
 from opsupport import show
-from reliability_support import gpu_holders, live_ours, site
+from reliability_support import gpu_holders, live_ours, run_env, site
+from test_cli import program
 
 from opennebula_sim import states as S
 from slurm_nebula_power.cli import status
@@ -49,3 +53,51 @@ def test_a_guest_cannot_detach_its_vm_from_management(tmp_path, sim, capsys) -> 
     # Suspend frees its GPU as for any VM of ours.
     assert suspend_main(["gpu01"], setup.env) == EXIT_OK
     assert sim.vm(vm.id).state == S.DONE and gpu_holders(sim) == {}
+
+
+def run(setup, name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """An installed program as slurmctld runs it (its environment, plus `env`)."""
+    return subprocess.run([program(name), *args], env={**run_env(setup), **env}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+
+
+# What a job user can write as its VM's job ids: a digit to str.isdigit() that int() refuses, more digits
+# than int() parses, another script's digits, Python's literal forms, far too long. (A list cannot get
+# through OneGate: onegate-server's escape_attr turns `A=1,2` into a template oned refuses; the parser's
+# own bounds on lists are in test_audit.py.)
+HOSTILE_JOB_IDS = ["\u00b2", "4" * 5000, "\u0663", "1_0", "-1", "99999999999", "7" * 200_000]
+
+
+@pytest.mark.parametrize("ids", HOSTILE_JOB_IDS, ids=["superscript", "5000-digits", "arabic-indic", "underscore",
+                                                      "negative", "over-uint32", "200000-digits"])
+def test_a_guest_writing_its_job_ids_crashes_nothing_and_bills_nothing(tmp_path, sim, ids: str) -> None:
+    # issue 22, item 1: SLURM_JOB_IDS=² from a guest once made every suspend of its node set exit 4, the
+    # other nodes got no "off" record, and usage billed another user's job as still running
+    setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
+    resume_file = tmp_path / "resume.json"
+    resume_file.write_text(json.dumps({"jobs": [{"job_id": 7, "nodes": "gpu[01-02]"}], "all_nodes": "gpu[01-02]"}))
+    up = run(setup, "slurm-nebula-resume", "gpu[01-02]", SLURM_RESUME_FILE=str(resume_file))
+    assert up.returncode == EXIT_OK, up.stderr
+    [vm] = live_ours(sim)["gpu01"]
+    assert guest_put(sim, vm.id, f'SLURM_JOB_IDS="{ids}"') == 200
+    assert sim.vm(vm.id).user_template["SLURM_JOB_IDS"] == ids, "the guest did write it"
+    for name, args in (("slurm-nebula-power", ("reconcile",)), ("slurm-nebula-resume", ("gpu03",)),
+                       ("slurm-nebula-suspend", ("gpu[01-03]",))):
+        done = run(setup, name, *args)
+        assert done.returncode == EXIT_OK, (name, done.stderr, setup.log_text()[-1500:])
+    assert "internal error" not in setup.log_text()
+    ends = {r["node"]: r["jobs"] for r in setup.records() if r["event"] == "removed"}
+    assert ends == {"gpu01": [7], "gpu02": [7], "gpu03": []}, "billed by the ids resume set, not the guest's"
+    assert gpu_holders(sim) == {}
+    # resume-fail of a node whose guest rewrote its ids
+    assert run(setup, "slurm-nebula-resume", "gpu01", SLURM_RESUME_FILE=str(resume_file)).returncode == EXIT_OK
+    [vm] = live_ours(sim)["gpu01"]
+    assert guest_put(sim, vm.id, f'SLURM_JOB_IDS="{ids}"') == 200
+    failed = run(setup, "slurm-nebula-resume-fail", "gpu01")
+    assert failed.returncode == EXIT_OK, failed.stderr
+    assert live_ours(sim) == {} and gpu_holders(sim) == {}
+    usage = run(setup, "slurm-nebula-power", "usage", "--by", "job", "--json")
+    assert usage.returncode == EXIT_OK, usage.stderr
+    rows = json.loads(usage.stdout)["rows"]
+    assert {r["job"] for r in rows} <= {"7", "-"} and not any(r["still_running"] for r in rows)
+    assert json.loads(usage.stdout)["disagreements"] == []
