@@ -170,9 +170,12 @@ class OneCloud:
 
     def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True) -> int:
         """Create a VM from a template with an extra template; returns the new VM id."""
-        return int(self.call(f"template.instantiate {name}",
-                             lambda s: s.call("template.instantiate", template_id, name, False, extra, False),
-                             retry=retry))
+        vm_id = self.call(f"template.instantiate {name}",
+                          lambda s: s.call("template.instantiate", template_id, name, False, extra, False),
+                          retry=retry)
+        if type(vm_id) is not int or vm_id < 0:  # never retried: the VM may exist (reconcile finds it by name)
+            raise CloudError(f"[one.template.instantiate] answered no VM id ({type(vm_id).__name__})")
+        return vm_id
 
     def action(self, action: str, vm_id: int) -> None:
         """one.vm.action; an action refused for the VM's state raises ActionRefused (never retried)."""

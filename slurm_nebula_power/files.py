@@ -68,8 +68,8 @@ def check_open(fd: int, path: Path | str, owner: Owner | None, any_owner: bool =
 def _refusal(path: Path | str, exc: OSError) -> OSError:
     if exc.errno == errno.ELOOP:
         return UnsafeFile(errno.ELOOP, f"{path} is a symlink, never followed: remove it")
-    if exc.errno == errno.ENXIO:  # O_NONBLOCK|O_WRONLY on a FIFO with no reader
-        return UnsafeFile(errno.ENXIO, f"{path} is not a regular file (a FIFO): remove it")
+    if exc.errno in (errno.ENXIO, errno.EISDIR):  # ENXIO: O_NONBLOCK|O_WRONLY on a FIFO with no reader
+        return UnsafeFile(exc.errno, f"{path} is not a regular file (a FIFO, device or directory): remove it")
     if exc.errno == errno.EACCES:
         return PermissionError(errno.EACCES, denied(path))
     return exc

@@ -260,8 +260,11 @@ class OneRpc:
             raise TransientCloudError(f"[{name}] connection failed: {type(exc).__name__}") from None
         except (xmlrpc.client.ResponseError, ValueError, ExpatError) as exc:
             raise TransientCloudError(f"[{name}] unreadable answer: {exc}") from None
+        if not isinstance(answer, list) or len(answer) < 2 or not isinstance(answer[0], bool):
+            raise TransientCloudError(f"[{name}] unreadable answer: not oned's [success, value, ...] array")
         if not answer[0]:
-            raise translate(str(answer[1]), int(answer[2]))
+            code = answer[2] if len(answer) > 2 and type(answer[2]) is int else 0
+            raise translate(str(answer[1])[:1000], code)
         return answer[1]
 
     def document(self, method: str, *params: Any) -> Any:

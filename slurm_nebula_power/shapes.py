@@ -60,10 +60,12 @@ def pci_gpus(pci: Any) -> int:
 
 
 def _number(value: Any) -> float | None:
+    """A template's number, or None: not a number, not finite, or beyond any machine (1e9 vCPUs or MiB)."""
     try:
-        return float(str(value))
+        number = float(str(value)[:32])
     except ValueError:
         return None
+    return number if math.isfinite(number) and 0 <= number < 1e9 else None
 
 
 def template_shape(template: Mapping[str, Any], tid: int) -> Shape:

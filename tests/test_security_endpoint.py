@@ -96,3 +96,80 @@ def test_a_refused_address_update_is_retried_then_fails_its_nodes(tmp_path, sim)
     assert "slurmctld refused the node address update" in setup.log_text()
     assert handed_back(setup) == ["NodeName=gpu[01-02]"]
     assert live_ours(sim) == {}
+
+
+def _in_host_pool(rewrite):
+    """A rewrite of host pool answers only."""
+    return lambda body: rewrite(body) if b"&lt;HOST_POOL&gt;" in body else body
+
+
+HOST_POOL_DAMAGE = {
+    "vmid-not-a-number": _in_host_pool(lambda b: re.sub(rb"&lt;VMID&gt;.*?&lt;/VMID&gt;",
+                                                         b"&lt;VMID&gt;free&lt;/VMID&gt;", b)),
+    "vmid-superscript": _in_host_pool(lambda b: re.sub(rb"&lt;VMID&gt;.*?&lt;/VMID&gt;",
+                                                        "&lt;VMID&gt;\u00b2&lt;/VMID&gt;".encode(), b)),
+    "host-id-5000-digits": _in_host_pool(lambda b: re.sub(rb"&lt;ID&gt;(\d+)&lt;/ID&gt;",
+                                                           b"&lt;ID&gt;" + b"9" * 5000 + b"&lt;/ID&gt;", b, count=1)),
+    "truncated": _in_host_pool(lambda b: b.replace(b"&lt;/HOST_POOL&gt;", b"&lt;HOST")),
+}
+
+
+@pytest.mark.parametrize("damage", list(HOST_POOL_DAMAGE))
+def test_a_malformed_host_pool_is_unknown_capacity_never_a_crash(tmp_path, sim, damage: str) -> None:
+    # issue 22, item 5: a PCI VMID that is not a number, or a truncated document, made resume hand back every
+    # node as "internal error in resume" and reconcile print a traceback
+    proxy = HostileEndpoint(sim.endpoint, rewrite=HOST_POOL_DAMAGE[damage])
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        done = run_program(setup, "resume", "gpu[01-02]", guard=60)
+        tidy = run_program(setup, "reconcile", guard=60)
+        status = subprocess.run([program("slurm-nebula-power"), "status", "--capacity"], env=run_env(setup),
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        proxy.close()
+    assert done.returncode == 0, done.stderr + setup.log_text()[-1500:]
+    log = setup.log_text()
+    assert "GPU capacity not checked" in log and "unreadable document" in log
+    assert "internal error" not in log and "Traceback" not in log + tidy.stderr + status.stderr
+    assert sorted(live_ours(sim)) == ["gpu01", "gpu02"], "the nodes were resumed regardless"
+    assert tidy.returncode == 0, tidy.stderr
+    assert status.returncode != 0 and "unreadable document" in status.stderr, status.stderr
+
+
+def _hostname(value: bytes):
+    return lambda body: re.sub(rb"&lt;HOSTNAME&gt;[^&]*&lt;/HOSTNAME&gt;", b"&lt;HOSTNAME&gt;" + value +
+                               b"&lt;/HOSTNAME&gt;", body)
+
+
+def test_a_4_mb_host_name_makes_no_4_mb_usage_record(tmp_path, sim) -> None:
+    # issue 22, item 6: the records were unbounded; the docs promise far below 4 KiB a line
+    proxy = HostileEndpoint(sim.endpoint, rewrite=_hostname(b"h" * (4 << 20)))
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        assert run_program(setup, "resume", "gpu01", guard=60).returncode == 0
+        assert run_program(setup, "suspend", "gpu01", guard=60).returncode == 0
+    finally:
+        proxy.close()
+    lines = setup.audit.read_bytes().splitlines()
+    assert lines and max(len(line) for line in lines) < 1000, [len(line) for line in lines]
+    assert any(b'"event":"running"' in line and b'"host":"hhh' in line for line in lines)
+    assert len(setup.log.read_bytes()) < 1 << 20, "nor a 4 MB log"
+
+
+def test_a_newline_in_a_host_name_forges_no_row_of_status_or_usage(tmp_path, sim) -> None:
+    forged = b"host01\ngpu99     FORGED-ROW\r"
+    proxy = HostileEndpoint(sim.endpoint, rewrite=_hostname(forged))
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        assert run_program(setup, "resume", "gpu[01-02]", guard=60).returncode == 0
+        status = subprocess.run([program("slurm-nebula-power"), "status", "gpu[01-02]"], env=run_env(setup),
+                                capture_output=True, text=True, timeout=60)
+        usage = subprocess.run([program("slurm-nebula-power"), "usage", "--by", "host", "--no-cloud"],
+                               env=run_env(setup), capture_output=True, text=True, timeout=60)
+    finally:
+        proxy.close()
+    for shown in (status, usage):
+        assert "FORGED-ROW" in shown.stdout, shown.stderr  # the value is shown, escaped, in its own cell
+        assert not [line for line in shown.stdout.splitlines() if line.startswith("gpu99")], shown.stdout
+        assert "\r" not in shown.stdout
+    assert [line.split()[0] for line in status.stdout.splitlines()][:3] == ["NODE", "gpu01", "gpu02"]

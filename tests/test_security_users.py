@@ -20,7 +20,7 @@ import pytest
 from reliability_support import live_ours, run_env, site
 from test_cli import program
 
-from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_NODES_FAILED, EXIT_OK
 
 try:
     SLURM = pwd.getpwnam("slurm")
@@ -153,3 +153,69 @@ def test_5000_nodes_in_one_call_under_ulimit_1024(tmp_path, sim) -> None:
                           capture_output=True, text=True, timeout=300, preexec_fn=low_limit)
     assert done.returncode == EXIT_OK, done.stderr[-500:]
     assert "5000 done, 0 failed" in setup.log_text()
+
+
+def slurm_user_site(shared: Path, sim, nodes: str = "gpu[01-08]"):
+    """slurm_site with its own node set (site's nodes)."""
+    setup = slurm_site(shared, sim)
+    text = setup.config.read_text()
+    setup.config.write_text(text.replace('nodes = "gpu[01-08]"', f'nodes = "{nodes}"'))
+    return setup
+
+
+def test_a_root_run_leaves_audit_metrics_and_shortage_files_slurmuser_goes_on_using(shared, sim) -> None:
+    # issue 22, item 3: a root run made the audit file and the metrics lock 0640 root:root, and every later
+    # SlurmUser run lost its usage records ("fix its directory's permissions": the directory was fine)
+    setup = slurm_user_site(shared, sim, nodes="gpu[01-20]")  # 16 GPUs in the simulator: 4 nodes short
+    by_root = run(setup, "slurm-nebula-resume", "gpu[01-20]")
+    assert by_root.returncode == EXIT_NODES_FAILED, by_root.stderr
+    shortages = list((setup.root / "locks").glob("shortage-*.json"))
+    made = [setup.audit, setup.metrics, setup.metrics.with_name(setup.metrics.name + ".lock"), *shortages]
+    assert len(shortages) == 1 and all(p.stat().st_uid == SLURM.pw_uid for p in made), \
+        [(p.name, p.stat().st_uid) for p in made]
+    before = len(setup.records())
+    again = run(setup, "slurm-nebula-resume", "gpu[17-20]", as_slurm=True)  # reads the shortage: the cooldown
+    assert again.returncode == EXIT_NODES_FAILED, again.stderr
+    down = run(setup, "slurm-nebula-suspend", "gpu[01-16]", as_slurm=True)
+    assert down.returncode == EXIT_OK, down.stderr + setup.log_text()[-2000:]
+    log = setup.log_text()
+    assert "cannot append usage records" not in log and "cannot write this run's metrics" not in log, log[-2000:]
+    assert "ignoring unreadable shortage state" not in log and "cooldown" in log
+    records = setup.records()[before:]
+    assert {r["program"] for r in records} == {"resume", "suspend"}, "SlurmUser's runs recorded"
+    assert sum(r["event"] == "removed" for r in records) == 16
+    assert 'program="suspend",result="ok"' in setup.metrics.read_text()
+
+
+def test_a_file_a_root_run_left_names_the_file_its_owner_and_the_chown(shared, sim) -> None:
+    # What an older version's root run left behind: the error names the file, not the directory.
+    setup = slurm_site(shared, sim)
+    setup.audit.write_text("")
+    setup.audit.chmod(0o640)  # root's
+    done = run(setup, "slurm-nebula-resume", "gpu01", as_slurm=True)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert f"audit_file {setup.audit}: cannot append usage records (those of this run are lost): {setup.audit} " \
+           f"(file of root, mode 0640) cannot be used by slurm: run chown slurm {setup.audit}" in setup.log_text()
+
+
+@pytest.mark.parametrize("target", ["dangling", "existing"])
+def test_a_link_slurmuser_plants_at_the_log_file_is_never_followed_by_root(shared, sim, target: str) -> None:
+    # issue 22, item 4: the log file was checked, touched and chowned by path: a dangling link planted by
+    # SlurmUser made a root run create a file of SlurmUser's anywhere (e.g. in /etc/profile.d)
+    setup = slurm_site(shared, sim)
+    protected = shared / "profile.d"
+    protected.mkdir(mode=0o755)
+    victim = protected / "zz-slurm.sh"
+    if target == "existing":
+        victim.write_text("# root's\n")
+        victim.chmod(0o644)
+    os.symlink(victim, setup.log)
+    os.lchown(setup.log, SLURM.pw_uid, SLURM.pw_gid)
+    done = run(setup, "slurm-nebula-resume", "gpu01")  # by hand, as root
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert f"log.file: cannot write {setup.log}: {setup.log} is a symlink, never followed: remove it" in done.stderr
+    if target == "dangling":
+        assert not victim.exists(), "no file made through the link"
+    else:
+        assert victim.read_text() == "# root's\n" and victim.stat().st_uid == 0
+    assert live_ours(sim) == {}, "nothing done"
