@@ -8,10 +8,14 @@ import gzip
 import io
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from opsupport import ours, ours_vm
 from simfixtures import vms_of
+from support import run_env
+from test_cli import program
 
 from slurm_nebula_power.cli import usage as usage_cli
 from slurm_nebula_power.cli.main import resume_main, suspend_main
@@ -188,3 +192,25 @@ def test_the_rotated_record_files_are_read_oldest_first_gzip_too(tmp_path) -> No
     assert [f.name for f in files] == ["audit.jsonl.2.gz", "audit.jsonl.1", "audit.jsonl"]
     records, problems = read_audit(files)
     assert problems == [] and [i.end - i.start for i in intervals(records)] == [3600]
+
+
+def test_usage_streams_a_gzip_bomb_in_bounded_memory(setup, tmp_path) -> None:
+    # issue 22, item 8: usage read whole files, so an 800 KB .gz took it to 845 MB. Here a 400 MB line
+    # (about 400 KB compressed), then a record: read in streams, the long line skipped.
+    bomb = tmp_path / "audit.jsonl.1.gz"
+    with gzip.open(bomb, "wb", compresslevel=6) as out:
+        for _ in range(400):
+            out.write(b"x" * (1 << 20))
+        out.write(b"\n\n" + (rec("created", 0, 1, jobs=[7]).to_json() + "\n").encode())
+    assert bomb.stat().st_size < 2 << 20
+    measure = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+               "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+               "print(done.stdout); print(done.stderr, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", measure, program("slurm-nebula-power"), "usage", "--no-cloud",
+                           "--json", "--file", str(bomb)], env=run_env(setup), capture_output=True, text=True,
+                          timeout=300)
+    code, peak_kib = (int(v) for v in done.stdout.split("\n", 1)[0].split())
+    assert code == EXIT_OK, done.stderr
+    result = json.loads(done.stdout.split("\n", 1)[1])
+    assert result["unreadable_lines"] == [f"{bomb}:1: longer than 16384 bytes: not a usage record"]
+    assert peak_kib < 150 * 1024, f"{peak_kib} KiB at the most"
