@@ -35,9 +35,12 @@ class UnsafeFile(OSError):
     user's file, or larger than its cap. The message names the file and the fix, never its content."""
 
 
-def trusted_owners(owner: Owner | None) -> frozenset[int]:
-    """Whose files a program may use: its own user's, root's, and the service owner's."""
-    return frozenset({os.geteuid(), 0} | ({owner[0]} if owner is not None else set()))
+def trusted_owners(owner: Owner | None, directory_uid: int | None = None) -> frozenset[int]:
+    """Whose files a program may use: its own user's, root's, the service owner's, and the owner of the
+    file's directory (who can replace any file there anyway: a root run by hand where slurm.conf names no
+    SlurmUser still uses SlurmUser's log in SlurmUser's /var/log/slurm)."""
+    extra = {uid for uid in (owner[0] if owner is not None else None, directory_uid) if uid is not None}
+    return frozenset({os.geteuid(), 0} | extra)
 
 
 def user_name(uid: int) -> str:
@@ -48,7 +51,8 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
-def check_open(fd: int, path: Path | str, owner: Owner | None, any_owner: bool = False) -> os.stat_result:
+def check_open(fd: int, path: Path | str, owner: Owner | None, any_owner: bool = False,
+               directory_uid: int | None = None) -> os.stat_result:
     """Check an open descriptor: a regular file with one link, of a trusted owner (unless any_owner: a
     file only read, by whoever may read it); UnsafeFile if not."""
     info = os.fstat(fd)
@@ -59,7 +63,7 @@ def check_open(fd: int, path: Path | str, owner: Owner | None, any_owner: bool =
     if info.st_nlink != 1:
         raise UnsafeFile(errno.EINVAL, f"{path} has {info.st_nlink} hard links, so it may be another file: "
                                        "remove it")
-    if info.st_uid not in trusted_owners(owner):
+    if info.st_uid not in trusted_owners(owner, directory_uid):
         raise UnsafeFile(errno.EPERM, f"{path} belongs to {user_name(info.st_uid)}, not to this program's "
                                       "user or root: remove it")
     return info
@@ -120,7 +124,7 @@ def open_file(path: Path | str, flags: int, mode: int = 0o640, owner: Owner | No
         raise UnsafeFile(errno.EAGAIN, f"{path} keeps vanishing while it is opened: is another process "
                                        "removing it?")
     try:
-        check_open(fd, path, owner, any_owner)
+        check_open(fd, path, owner, any_owner, _directory_uid(name, dir_fd))
         if created:
             if exact_mode:
                 os.fchmod(fd, mode)
@@ -130,6 +134,13 @@ def open_file(path: Path | str, flags: int, mode: int = 0o640, owner: Owner | No
         os.close(fd)
         raise
     return fd
+
+
+def _directory_uid(name: Path | str, dir_fd: int | None) -> int | None:
+    try:
+        return os.fstat(dir_fd).st_uid if dir_fd is not None else os.stat(Path(name).parent).st_uid
+    except OSError:
+        return None
 
 
 def read_capped(path: Path, cap: int, owner: Owner | None = None) -> bytes | None:

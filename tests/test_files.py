@@ -69,6 +69,12 @@ def test_open_file_refuses_another_users_file_and_gives_what_root_creates_to_the
         open_file(theirs, os.O_RDONLY)
     fd = open_file(theirs, os.O_RDONLY, owner=(65534, 65534))  # the service owner's file is ours to use
     os.close(fd)
+    home = tmp_path / "theirs.d"  # and so is a file of the owner of its directory (who may replace it anyway)
+    home.mkdir()
+    (home / "log").write_text("")
+    for path in (home, home / "log"):
+        os.chown(path, 65534, 65534)
+    os.close(open_file(home / "log", os.O_WRONLY | os.O_APPEND))
     fd = open_file(tmp_path / "new", os.O_WRONLY | os.O_CREAT, 0o640, owner=(65534, 65534), exact_mode=True)
     info = os.fstat(fd)
     os.close(fd)
