@@ -8,7 +8,8 @@ such file is:
 
 - opened with O_NOFOLLOW (a symlink is refused, never followed) and O_NONBLOCK (a FIFO cannot hang the
   open), then checked on the open descriptor (fstat): a regular file, one link only (a hard link to the
-  credentials is not "our" file), owned by this process's user, by root, or by the service owner;
+  credentials is not "our" file), owned by this process's user, by root, by the service owner, or by
+  the directory's owner;
 - created with O_EXCL, so a dangling symlink is never followed into a new file, and given to the service
   owner (SlurmUser, when root runs a program by hand) with fchown on the descriptor, never by path;
 - read with a size cap, and never quoted in an error (a parser's message would log the file's content);
