@@ -131,6 +131,9 @@ class _Resume:
                     boot.future = self.pool.submit(self._start, boot, plan)
             self._send({vm.id: vm for vm in vms}, ctx.clock())
             self._watch(boots)
+            # A backup controller that took over meanwhile may not have the addresses: tell them again.
+            ctx.slurm.confirm_addresses({node: addr for node in self.outcome.done
+                                         if (addr := self.boots[node].addr) is not None})
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
         self._sweep_failed()

@@ -34,6 +34,9 @@ class SlurmControl(Protocol):
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Give nodes that cannot start back to Slurm now, so their jobs requeue."""
 
+    def confirm_addresses(self, addresses: Mapping[str, str]) -> list[str]:
+        """Tell slurmctld again the addresses it no longer has; the nodes told again (never raises)."""
+
     def registered(self, nodes: Sequence[str]) -> set[str]:
         """Those of these nodes whose slurmd has registered and that serve jobs now (none when Slurm cannot
         be asked)."""
@@ -264,6 +267,25 @@ class Scontrol:
             return set()
         return {name for name, state in states.items() if name in nodes and state.is_up}
 
+    def confirm_addresses(self, addresses: Mapping[str, str]) -> list[str]:
+        """Set again the NodeAddr of the nodes slurmctld shows starting or up with another address: a
+        backup controller that took over while a resume was in flight recovered a state saved before
+        resume told the primary the addresses, and 22.05 never takes one from slurmd's registration, so
+        the job's launch found no address ("Can't find an address") and it stayed COMPLETING (seen in
+        test_e2e_ha.py under load). One `scontrol show node`; the nodes told again, logged."""
+        try:
+            states = self.show_nodes(addresses)
+            lost = {node: addr for node, addr in addresses.items() if node in states
+                    and states[node].phase in (STARTING, UP) and states[node].addr not in ("", addr)}
+            if lost:
+                log.warning("slurmctld lost the addresses of %s (a controller took over?): told again",
+                            fold(sorted(lost)))
+                self.set_addresses(lost)
+        except SlurmError as exc:
+            log.warning("could not confirm the addresses of %s with slurmctld: %s", fold(sorted(addresses)), exc)
+            return []
+        return sorted(lost)
+
     def show_all_nodes(self) -> dict[str, NodeState]:
         """Every node slurmctld shows (one `scontrol show node -o`); SlurmError when it cannot be asked."""
         return parse_show_node(self.run("show", "node", "-o"))
@@ -323,6 +345,10 @@ class PrintedSlurm:
     def registered(self, nodes: Sequence[str]) -> set[str]:
         """No controller: no node has registered."""
         return set()
+
+    def confirm_addresses(self, addresses: Mapping[str, str]) -> list[str]:
+        """No controller: nothing was lost."""
+        return []
 
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Show the hand-back."""
