@@ -77,6 +77,7 @@ class Api:
             "one.host.info": (self.host_info, "i", "b"),
             "one.vn.info": (self.vn_info, "i", "b"),
             "one.system.version": (self.system_version, "", ""),
+            "one.system.config": (self.system_config, "", ""),
             "one.user.login": (self.user_login, "ssi", "i"),
         }
 
@@ -340,6 +341,17 @@ class Api:
     def system_version(self, user: User) -> str:
         """one.system.version: the configured oned version string."""
         return self.cloud.cfg.version
+
+    def system_config(self, user: User) -> str:
+        """one.system.config: oned.conf as <OPENNEBULA_CONFIGURATION> (a few of its attributes), DB hidden but
+        for the oneadmin group (Nebula::get_configuration_xml)."""
+        attrs = [("PORT", "2633"), ("DEFAULT_DEVICE_PREFIX", "hd"), ("VM_SUBMIT_ON_HOLD", "NO")]
+        if self.cloud.cfg.onegate and self.cloud.onegate_endpoint:
+            attrs.append(("ONEGATE_ENDPOINT", self.cloud.onegate_endpoint))
+        body = "".join(f"<{k}><![CDATA[{v}]]></{k}>" for k, v in sorted(attrs))
+        db = ("<BACKEND><![CDATA[sqlite]]></BACKEND><TIMEOUT><![CDATA[2500]]></TIMEOUT>" if user.gid == 0 else
+              "<BACKEND><![CDATA[***]]></BACKEND><TIMEOUT><![CDATA[2500]]></TIMEOUT>")
+        return f"<OPENNEBULA_CONFIGURATION><DB>{db}</DB>{body}</OPENNEBULA_CONFIGURATION>"
 
     def user_login(self, user: User, username: str, token: str, valid: int, group: int = -1) -> str:
         """one.user.login: a token usable as `username:token`; valid 0 revokes it, -1 never expires."""

@@ -6,6 +6,8 @@ import shutil
 import threading
 import urllib.error
 import urllib.request
+import xml.etree.ElementTree as ET
+import xmlrpc.client
 from pathlib import Path
 
 import pyone
@@ -270,3 +272,22 @@ def test_put_vm_type_2_erases_the_attribute(sim) -> None:
     assert _put_form(endpoint, vm_id, token, "data=READY&type=2") == (200, "")
     assert "READY" not in sim.vm(vm_id).user_template and "KEEP" in sim.vm(vm_id).user_template
     assert _put_form(endpoint, vm_id, token, "data=READY&type=2") == (500, "attribute not found")
+
+
+def test_system_config_shows_onegate_endpoint_as_oned_conf_has_it(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    rpc = xmlrpc.client.ServerProxy(sim.endpoint)
+    ok, text, _ = rpc.one.system.config(sim.auth)[:3]
+    assert ok and ET.fromstring(text).findtext("ONEGATE_ENDPOINT") == sim.endpoint.removesuffix("/RPC2")
+    assert ET.fromstring(text).findtext("DB/BACKEND") == "sqlite"  # the oneadmin group sees DB
+    assert one.template.instantiate(0, "gpu01", False, "", False) >= 0
+
+
+def test_without_onegate_endpoint_oned_refuses_to_instantiate_token_yes() -> None:
+    with running_simulator(SimConfig(durations=Durations(0, 0, 0, 0), onegate=False), auth=AUTH) as sim:
+        rpc = xmlrpc.client.ServerProxy(sim.endpoint)
+        ok, text, _ = rpc.one.system.config(sim.auth)[:3]
+        assert ok and ET.fromstring(text).find("ONEGATE_ENDPOINT") is None
+        answer = rpc.one.template.instantiate(sim.auth, 0, "gpu01", False, "", False)
+        assert answer[0] is False and "TOKEN set, but onegate endpoint was not defined in oned.conf." in answer[1]
+        assert sim.vms() == []
