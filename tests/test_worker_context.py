@@ -258,8 +258,9 @@ def test_a_refusing_bootstrap_never_gets_ready(guest_factory, version) -> None:
     assert guest.ready() is None and guest.ready_reports() == 0, boot.journal
 
 
-@pytest.mark.parametrize("version", ["6.10.0", "7.2.1"])
-def test_a_reconfigure_on_a_live_node_leaves_munged_and_slurmd_alone(guest_factory, version) -> None:
+@pytest.mark.parametrize(("version", "change"), [("6.10.0", "updateconf"), ("7.2.1", "updateconf"),
+                                                 ("7.2.1", "udev")])
+def test_a_reconfigure_on_a_live_node_leaves_munged_and_slurmd_alone(guest_factory, version, change) -> None:
     guest = guest_factory(version)
     guest.boot("local", "network")
     worker = guest.worker
@@ -269,7 +270,12 @@ def test_a_reconfigure_on_a_live_node_leaves_munged_and_slurmd_alone(guest_facto
         (worker.root / "slurmd.pid").write_text(f"{procs['slurmd'].pid}\n")
         for name in ("munged", "slurmd"):
             (worker.stubs / f"{name}.args").unlink()
-        guest.write_context(SSH_PUBLIC_KEY="ssh-ed25519 AAAA new@key")  # onevm updateconf: a new CONTEXT
+        if change == "updateconf":  # onevm updateconf: a new CONTEXT on the CD
+            guest.write_context(SSH_PUBLIC_KEY="ssh-ed25519 AAAA new@key")
+        else:  # a disk resize or a swap attach: 65-context.rules appends a line to force the rerun
+            for stage in ("local", "network"):
+                with (guest.vm_run / "one-context" / f"context.sh.{stage}").open("a") as saved:
+                    saved.write("\n")
         boot = guest.boot("all reconfigure")
         assert "munged already runs with this key: left alone" in boot.worker_log, boot.journal
         assert "slurmd already runs as node cpu01" in boot.worker_log
