@@ -131,7 +131,8 @@ class Cloud:
         vm_name = name or f"{spec.name}-{vm_id}"
         try:
             built = build_vm_templates(base, extra, vm_id, vm_name, template_id, user.uid, user.uname,
-                                       self.ips, self.onegate_endpoint, routes=version_at_least(self.cfg.version, 7, 4))
+                                       self.ips, self.onegate_endpoint if self.cfg.onegate else None,
+                                       routes=version_at_least(self.cfg.version, 7, 4))
         except BuildError as exc:
             raise OneError(S.ALLOCATE, str(exc), obj="virtual machine") from None
         self.next_id += 1

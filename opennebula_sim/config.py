@@ -155,6 +155,9 @@ class SimConfig:
     # oned.conf's ACTION_TIMEOUT (stock 300): how long the scheduler places nothing after a VM it was deploying
     # is deleted (recover --delete in LCM_INIT, PROLOG, BOOT...), as real oned 7.0.2 and 7.4.0 do; 0: never.
     action_timeout: float = 300.0
+    # oned.conf's ONEGATE_ENDPOINT: set (to where the server serves PUT /vm) or not; without it oned refuses to
+    # instantiate a template whose CONTEXT has TOKEN = "YES", and one.system.config shows no ONEGATE_ENDPOINT.
+    onegate: bool = True
     on_running: tuple[str, ...] = ()
     on_stopped: tuple[str, ...] = ()
 
@@ -185,6 +188,8 @@ def _validate(cfg: SimConfig, where: str) -> None:
         raise ConfigError(f"{where}: tick_seconds must be > 0")
     if cfg.action_timeout < 0:
         raise ConfigError(f"{where}: action_timeout must be >= 0 seconds")
+    if not isinstance(cfg.onegate, bool):
+        raise ConfigError(f"{where}: onegate must be true or false (oned.conf sets ONEGATE_ENDPOINT or not)")
     if len({h.name for h in cfg.hosts}) != len(cfg.hosts):
         raise ConfigError(f"{where}: host names must be unique")
     for host in cfg.hosts:
@@ -199,8 +204,8 @@ def _validate(cfg: SimConfig, where: str) -> None:
             raise ConfigError(f"{where}: template {spec.name!r}: {exc}") from None
 
 
-_TOP_KEYS = {"seed", "version", "tick_seconds", "action_timeout", "on_running", "on_stopped", "durations", "faults",
-             "network", "hosts", "host", "template"}
+_TOP_KEYS = {"seed", "version", "tick_seconds", "action_timeout", "onegate", "on_running", "on_stopped", "durations",
+             "faults", "network", "hosts", "host", "template"}
 _HOSTS_KEYS = {"count", "gpus_per_host", "nics_per_host", "cpu", "memory_mb"}
 _HOST_KEYS = {"name", "cpu", "memory_mb", "gpus", "nics", "pci", "state"}
 _PCI_KEYS = {"short_address", "vendor", "device", "class", "vendor_name", "device_name", "class_name",
@@ -220,7 +225,7 @@ def load_sim_config(path: str | Path) -> SimConfig:
     where = str(path)
     _known(data, _TOP_KEYS, where, "")
     kwargs: dict[str, Any] = {}
-    for key in ("seed", "version", "tick_seconds", "action_timeout"):
+    for key in ("seed", "version", "tick_seconds", "action_timeout", "onegate"):
         if key in data:
             kwargs[key] = data[key]
     for key in ("on_running", "on_stopped"):

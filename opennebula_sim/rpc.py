@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
+import urllib.parse
 import xmlrpc.client
 from collections.abc import Callable
 from typing import Any
@@ -75,6 +77,7 @@ class Api:
             "one.host.info": (self.host_info, "i", "b"),
             "one.vn.info": (self.vn_info, "i", "b"),
             "one.system.version": (self.system_version, "", ""),
+            "one.system.config": (self.system_config, "", ""),
             "one.user.login": (self.user_login, "ssi", "i"),
         }
 
@@ -186,7 +189,8 @@ class Api:
             self.cloud.locked_update_user_template(vm, tmpl, update_type == 1)
             return vm_id
 
-    def onegate_put_vm(self, vm_id: str, token: str, body: str) -> tuple[int, str]:
+    def onegate_put_vm(self, vm_id: str, token: str, body: str, content_type: str = "",
+                       query: str = "") -> tuple[int, str]:
         """OneGate's `PUT /vm`: the guest merges `body` into its USER_TEMPLATE (e.g. READY=YES).
 
         Authenticated by the X-ONEGATE-VMID and X-ONEGATE-TOKEN headers: the token is the one the VM's
@@ -194,17 +198,27 @@ class Api:
         quotes, so `KEY=two words` works and `KEY = "x"` breaks), and its restricted attributes are refused.
         Answers (HTTP status, text) as onegate-server does: 200 and an empty body, 401 `Not authorized`,
         403 `Attribute (KEY) cannot be modified`, 500 with the update's error.
+        The onegate client sends a form (`data=READY%3DYES&type=1`; `--erase` sends type=2): like
+        onegate-server (Sinatra's params[:data] and params[:type]) the data is taken from the query or a
+        form body, and only without a `data` parameter is the raw body the attributes (curl's `-d READY=YES`).
         """
         self.count("onegate.vm.update")
+        attr, kind = onegate_params(body, content_type, query)
         with self.cloud.lock:
             vm = self.cloud.vms.get(int(vm_id)) if vm_id.strip().isdigit() else None
             if vm is None or not vm.onegate_token or not secrets.compare_digest(token, vm.onegate_token):
                 return 401, "Not authorized"
-            text = onegate_escape(body)
+            text = onegate_escape(attr)
             for line in text.split("\n"):
                 key = line.split("=")[0]
                 if key.upper() in ONEGATE_RESTRICTED:
-                    return 403, f"Attribute ({key}) cannot be modified"
+                    return 403, f"Attribute ({key}) cannot be {'modified' if kind == 1 else 'deleted'}"
+            if kind != 1:  # delete_element("USER_TEMPLATE/<attr>"), then one.vm.update of what is left
+                if attr not in vm.user_template:
+                    return 500, "attribute not found"
+                rest = {k: list(v) for k, v in vm.user_template.items() if k != attr}
+                self.cloud.locked_update_user_template(vm, rest, False)
+                return 200, ""
             try:
                 tmpl = parse_template(text)
             except TemplateSyntaxError as exc:
@@ -328,6 +342,17 @@ class Api:
         """one.system.version: the configured oned version string."""
         return self.cloud.cfg.version
 
+    def system_config(self, user: User) -> str:
+        """one.system.config: oned.conf as <OPENNEBULA_CONFIGURATION> (a few of its attributes), DB hidden but
+        for the oneadmin group (Nebula::get_configuration_xml)."""
+        attrs = [("PORT", "2633"), ("DEFAULT_DEVICE_PREFIX", "hd"), ("VM_SUBMIT_ON_HOLD", "NO")]
+        if self.cloud.cfg.onegate and self.cloud.onegate_endpoint:
+            attrs.append(("ONEGATE_ENDPOINT", self.cloud.onegate_endpoint))
+        body = "".join(f"<{k}><![CDATA[{v}]]></{k}>" for k, v in sorted(attrs))
+        db = ("<BACKEND><![CDATA[sqlite]]></BACKEND><TIMEOUT><![CDATA[2500]]></TIMEOUT>" if user.gid == 0 else
+              "<BACKEND><![CDATA[***]]></BACKEND><TIMEOUT><![CDATA[2500]]></TIMEOUT>")
+        return f"<OPENNEBULA_CONFIGURATION><DB>{db}</DB>{body}</OPENNEBULA_CONFIGURATION>"
+
     def user_login(self, user: User, username: str, token: str, valid: int, group: int = -1) -> str:
         """one.user.login: a token usable as `username:token`; valid 0 revokes it, -1 never expires."""
         if username != user.uname:
@@ -342,6 +367,19 @@ class Api:
 
 # onegate-server.conf's :restricted_attrs: (the stock list): a guest may not set these.
 ONEGATE_RESTRICTED = frozenset({"SCHED_REQUIREMENTS", "SERVICE_ID", "ROLE_NAME"})
+
+
+def onegate_params(body: str, content_type: str, query: str) -> tuple[str, int]:
+    """(attributes, type) of a PUT /vm as Sinatra's params give them to onegate-server's update."""
+    params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    # Rack parses a body into params only for a form content type (a PUT without one stays raw).
+    if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+        params.update(urllib.parse.parse_qsl(body, keep_blank_values=True))
+    kind = params.get("type")
+    digits = re.match(r"\s*[-+]?\d+", kind or "")  # Ruby's String#to_i: leading digits, else 0
+    number = 1 if kind is None else int(digits.group()) if digits else 0
+    data = params.get("data")
+    return (body if data is None else data), number
 
 
 def onegate_escape(attr: str) -> str:

@@ -88,7 +88,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode("utf-8", errors="replace")
         code, text = self.server.rpc.api.onegate_put_vm(self.headers.get("X-ONEGATE-VMID", ""),
-                                                        self.headers.get("X-ONEGATE-TOKEN", ""), body)
+                                                        self.headers.get("X-ONEGATE-TOKEN", ""), body,
+                                                        self.headers.get("Content-Type", ""),
+                                                        self.path.partition("?")[2])
         self._plain(code, text)
 
     def _plain(self, code: int, body: str) -> None:

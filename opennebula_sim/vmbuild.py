@@ -32,11 +32,13 @@ class Built:
 
 
 def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, template_id: int,
-                       uid: int, uname: str, ips: IpPool, onegate_endpoint: str = "", routes: bool = False) -> Built:
+                       uid: int, uname: str, ips: IpPool, onegate_endpoint: str | None = "",
+                       routes: bool = False) -> Built:
     """Merge, split into TEMPLATE/USER_TEMPLATE, lease NIC addresses and fill CONTEXT as oned does.
 
     With CONTEXT TOKEN=YES and an `onegate_endpoint`, CONTEXT gets ONEGATE_ENDPOINT and VMID, as oned's
-    generate_token_context adds them (oned.conf's ONEGATE_ENDPOINT). `routes`: the ETH<i>_ROUTES key of 7.4+.
+    generate_token_context adds them (oned.conf's ONEGATE_ENDPOINT); None: oned.conf has none, and TOKEN=YES is
+    refused as oned refuses it. `routes`: the ETH<i>_ROUTES key of 7.4+.
     """
     merged = merge(base, extra)
     merged.pop("NAME", None)  # VMTemplateInstantiate erases NAME; the VM name is the call's argument
@@ -62,6 +64,10 @@ def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, t
         names = {"NAME": name, "VMID": str(vm_id), "UID": str(uid), "UNAME": uname,
                  "TEMPLATE_ID": str(template_id)}
         context = _context(contexts[0], nics, ips, vm_tmpl, user_tmpl, names, routes)
+        if onegate_endpoint is None and context.get("TOKEN", "").upper() == "YES":
+            for taken in leased:
+                ips.release(taken)
+            raise BuildError("TOKEN set, but onegate endpoint was not defined in oned.conf.")
         if onegate_endpoint and context.get("TOKEN", "").upper() == "YES":
             context.update(ONEGATE_ENDPOINT=onegate_endpoint, VMID=str(vm_id))
         vm_tmpl["CONTEXT"] = [context]

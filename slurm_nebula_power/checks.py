@@ -9,6 +9,7 @@ import re
 import shlex
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
@@ -85,6 +86,40 @@ def check_templates(report: Report, config: Config, cloud: Cloud, conf: SlurmCon
             report.ok(subject, f"{shape.source}: {shape.vcpus} vCPU, {shape.memory_mb} MiB, {shape.gpus} GPU")
         if conf is not None:
             _against_slurm_conf(report, nodeset, shape, conf)
+
+
+def _wants_token(template: Mapping[str, Any]) -> bool:
+    context = template.get("CONTEXT")
+    contexts = context if isinstance(context, list) else [context]
+    return any(isinstance(c, Mapping) and str(c.get("TOKEN", "")).upper() == "YES" for c in contexts)
+
+
+def check_onegate(report: Report, config: Config, cloud: Cloud) -> None:
+    """Templates with CONTEXT TOKEN = "YES" need oned.conf's ONEGATE_ENDPOINT: oned refuses them without it."""
+    tokened: list[str] = []
+    for nodeset in config.nodesets:
+        try:
+            if _wants_token(cloud.template(cloud.template_id(nodeset.template))):
+                tokened.append(nodeset.nodes_expr)
+        except CloudError:
+            continue  # check_templates has said why
+    if not tokened:
+        return
+    subject = "oned.conf ONEGATE_ENDPOINT"
+    whose = f"the templates of {', '.join(tokened)} have CONTEXT TOKEN = \"YES\""
+    try:
+        endpoint = cloud.onegate_endpoint()
+    except CloudError as exc:
+        report.warn(subject, f"unreadable (one.system.config: {first_line(exc)}); {whose}, which oned refuses "
+                    "to instantiate without it", "make sure oned.conf on the front end sets ONEGATE_ENDPOINT")
+        return
+    if endpoint:
+        report.ok(subject, f"{endpoint} ({whose})")
+    else:
+        report.problem(subject, f"not set, and {whose}: oned refuses every instantiate (\"TOKEN set, but onegate "
+                       "endpoint was not defined in oned.conf.\"), whatever wait_for says",
+                       "set ONEGATE_ENDPOINT in oned.conf to OneGate's URL as the VMs reach it (e.g. "
+                       "http://<front end>:5030), restart oned and run onegate-server")
 
 
 def check_capacity(report: Report, config: Config, cloud: Cloud) -> None:
@@ -481,6 +516,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:
         check_templates(report, config, cloud, conf)
+        check_onegate(report, config, cloud)
         check_capacity(report, config, cloud)
     if conf is not None:
         check_coverage(report, config, conf)

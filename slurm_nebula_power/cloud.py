@@ -188,3 +188,10 @@ class OneCloud:
     def version(self) -> str:
         """oned's version."""
         return str(self.call("system.version", lambda s: s.call("system.version")))
+
+    def onegate_endpoint(self) -> str:
+        """oned.conf's ONEGATE_ENDPOINT (one.system.config, open to every user), "" when it is not set."""
+        text = self.call("system.config", lambda s: s.call("system.config"))
+        # pyone's binding of OPENNEBULA_CONFIGURATION has no ONEGATE_ENDPOINT: read the element itself.
+        return _parsed("system.config", lambda xml: (ET.fromstring(xml).findtext("ONEGATE_ENDPOINT") or "").strip(),
+                       text)

@@ -20,10 +20,11 @@ from .errors import ConfigError, UsageError
 from .hostlists import expand
 
 WORKER_SCRIPT = "worker/slurm-nebula-worker.sh"
-# The worker writes this only once slurmd started on this boot; the context packages' REPORT_READY runs
-# it first and reports READY=YES only when it succeeds (one-context 6.4+; older ones report regardless,
-# and the worker reports READY itself anyway).
-READY_SCRIPT_PATH = "/run/slurm-nebula-worker/ready"
+# READY=YES comes from the worker alone, once slurmd runs, so one-context's own report (net-99, CONTEXT
+# REPORT_READY) is off: before 6.10.0 it reports READY=YES regardless, even after the worker refused; from
+# 6.10.0 (READY_SCRIPT_PATH arrived then) it executes READY_SCRIPT_PATH, which fails "Permission denied" three
+# times, 10 s apart, where /run is mounted noexec (initramfs-tools on Debian and Ubuntu).
+REPORT_READY = "NO"
 DEFAULT_GPU_VENDOR = "10de"  # NVIDIA
 DEFAULT_GPU_CLASS = "0302"  # 3D controller: datacenter GPUs (A100, H100, L40S, ...)
 MIN_MUNGE_KEY = 32  # bytes: munged refuses shorter keys
@@ -176,8 +177,7 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
     context: list[tuple[str, object]] = [
         ("NETWORK", "YES"),
         ("TOKEN", "YES"),
-        ("REPORT_READY", "YES"),
-        ("READY_SCRIPT_PATH", READY_SCRIPT_PATH),
+        ("REPORT_READY", REPORT_READY),
         ("SET_HOSTNAME", "$NAME"),
         ("SSH_PUBLIC_KEY", "$USER[SSH_PUBLIC_KEY]"),
         ("SLURM_NODENAME", "$NAME"),
@@ -187,7 +187,10 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
     ]
     lines += [
         "# SLURM_NODENAME is the VM's name, which resume sets to the node's; START_SCRIPT_BASE64 is",
-        "# slurm-nebula-worker.sh (etc/worker/), run by the context packages at every boot.",
+        "# slurm-nebula-worker.sh (etc/worker/), run by the context packages at every boot. It reports",
+        "# READY=YES itself once slurmd runs: REPORT_READY = \"NO\" keeps one-context's net-99 from reporting",
+        "# it too (before one-context 6.10.0 even when the worker refused; READY_SCRIPT_PATH needs 6.10.0",
+        "# and an executable path, and /run is noexec on Debian and Ubuntu).",
         "CONTEXT = [",
         ",\n".join(f"  {k} = {_quote(v)}" for k, v in context),
         "]",

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from findings import finding
-from simfixtures import AUTH
+from simfixtures import AUTH, fast_config
 from slurmharness import SlurmCommandError, as_power_actions, recording_program, rewrite_lines
 from support import Setup, make_setup
 
+from opennebula_sim import TemplateSpec, running_simulator
 from slurm_nebula_power.cli import check
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
@@ -76,6 +77,37 @@ def test_good_deployment_passes(site, capsys) -> None:
     assert "oned 6.10.0, user oneadmin, VM pool readable" in out
     assert "template 0: 8 vCPU, 65536 MiB, 1 GPU" in out
     assert "OpenNebula host pool: " in out and " take VMs; gpu[01-04]: " in out and " GPU 10de:0302 free" in out
+    assert f"oned.conf ONEGATE_ENDPOINT: {sim_onegate(site)} (the templates of gpu[01-04], cpu[01-02] have " \
+           'CONTEXT TOKEN = "YES")' in out
+
+
+def sim_onegate(site: Setup) -> str:
+    """Where the simulator serves OneGate: its XML-RPC endpoint without /RPC2."""
+    config = load_config(site.config, site.env)
+    return config.opennebula.endpoint.removesuffix("/RPC2")
+
+
+def test_token_yes_without_onegate_endpoint_in_oned_conf_is_a_problem(tmp_path, capsys) -> None:
+    # oned refuses every instantiate of such a template, even with wait_for = "running".
+    with running_simulator(fast_config(onegate=False), auth=AUTH) as sim:
+        site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=NODESETS)
+        code, found = problems(site, capsys)
+    assert code == EXIT_NODES_FAILED
+    assert [p for p in found if p.startswith("oned.conf ONEGATE_ENDPOINT")] == [
+        'oned.conf ONEGATE_ENDPOINT: not set, and the templates of gpu[01-04], cpu[01-02] have CONTEXT TOKEN = '
+        '"YES": oned refuses every instantiate ("TOKEN set, but onegate endpoint was not defined in oned.conf."), '
+        "whatever wait_for says -> fix: set ONEGATE_ENDPOINT in oned.conf to OneGate's URL as the VMs reach it "
+        "(e.g. http://<front end>:5030), restart oned and run onegate-server"]
+
+
+def test_templates_without_token_need_no_onegate_endpoint(tmp_path, capsys) -> None:
+    body = 'CPU = "1"\nVCPU = "8"\nMEMORY = "65536"\nPCI = [ VENDOR = "10de", CLASS = "0302" ]\n' \
+           'CONTEXT = [ NETWORK = "YES" ]\n'
+    templates = (TemplateSpec(id=0, name="slurm-gpu-worker", body=body),)
+    with running_simulator(fast_config(onegate=False, templates=templates), auth=AUTH) as sim:
+        site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=NODESETS.split("\n\n")[0] + "\n")
+        _, found = findings(site, capsys)
+    assert not [f for f in found if f["subject"].startswith("oned.conf ONEGATE_ENDPOINT")]
 
 
 @pytest.mark.parametrize(("old", "new", "expected"), [

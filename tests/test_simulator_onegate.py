@@ -6,6 +6,8 @@ import shutil
 import threading
 import urllib.error
 import urllib.request
+import xml.etree.ElementTree as ET
+import xmlrpc.client
 from pathlib import Path
 
 import pyone
@@ -230,3 +232,62 @@ def test_put_vm_of_a_restricted_attribute_is_403(sim) -> None:
     answer = _put(endpoint, vm_id, _token(sim, vm_id), "SERVICE_ID=3")
     assert answer == (403, "Attribute (SERVICE_ID) cannot be modified")
     assert "SERVICE_ID" not in sim.vm(vm_id).user_template
+
+
+def _put_form(endpoint: str, vm_id: object, token: str, form: str, query: str = "") -> tuple[int, str]:
+    """A PUT /vm as the onegate client sends it: `URI.encode_www_form(options)`, a form content type."""
+    request = urllib.request.Request(f"{endpoint}/vm{query}", data=form.encode(), method="PUT",
+                                     headers={"X-ONEGATE-TOKEN": token, "X-ONEGATE-VMID": str(vm_id),
+                                              "Content-Type": "application/x-www-form-urlencoded"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_put_vm_decodes_the_onegate_clients_form_as_onegate_server_does(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one)
+    endpoint = sim.endpoint.removesuffix("/RPC2")
+    assert _put_form(endpoint, vm_id, _token(sim, vm_id), "data=READY%3DYES&type=1") == (200, "")
+    user = one.vm.info(vm_id).USER_TEMPLATE
+    assert user["READY"] == "YES" and "DATA" not in user
+
+
+def test_put_vm_takes_data_from_the_query_too(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one)
+    endpoint = sim.endpoint.removesuffix("/RPC2")
+    assert _put_form(endpoint, vm_id, _token(sim, vm_id), "", "?data=NOTE%3Dx") == (200, "")
+    assert one.vm.info(vm_id).USER_TEMPLATE["NOTE"] == "x"
+
+
+def test_put_vm_type_2_erases_the_attribute(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    vm_id = _running(sim, one, extra='KEEP = "x"')
+    endpoint = sim.endpoint.removesuffix("/RPC2")
+    token = _token(sim, vm_id)
+    assert _put(endpoint, vm_id, token) == (200, "")
+    assert _put_form(endpoint, vm_id, token, "data=READY&type=2") == (200, "")
+    assert "READY" not in sim.vm(vm_id).user_template and "KEEP" in sim.vm(vm_id).user_template
+    assert _put_form(endpoint, vm_id, token, "data=READY&type=2") == (500, "attribute not found")
+
+
+def test_system_config_shows_onegate_endpoint_as_oned_conf_has_it(sim) -> None:
+    one = pyone.OneServer(sim.endpoint, session=sim.auth)
+    rpc = xmlrpc.client.ServerProxy(sim.endpoint)
+    ok, text, _ = rpc.one.system.config(sim.auth)[:3]
+    assert ok and ET.fromstring(text).findtext("ONEGATE_ENDPOINT") == sim.endpoint.removesuffix("/RPC2")
+    assert ET.fromstring(text).findtext("DB/BACKEND") == "sqlite"  # the oneadmin group sees DB
+    assert one.template.instantiate(0, "gpu01", False, "", False) >= 0
+
+
+def test_without_onegate_endpoint_oned_refuses_to_instantiate_token_yes() -> None:
+    with running_simulator(SimConfig(durations=Durations(0, 0, 0, 0), onegate=False), auth=AUTH) as sim:
+        rpc = xmlrpc.client.ServerProxy(sim.endpoint)
+        ok, text, _ = rpc.one.system.config(sim.auth)[:3]
+        assert ok and ET.fromstring(text).find("ONEGATE_ENDPOINT") is None
+        answer = rpc.one.template.instantiate(sim.auth, 0, "gpu01", False, "", False)
+        assert answer[0] is False and "TOKEN set, but onegate endpoint was not defined in oned.conf." in answer[1]
+        assert sim.vms() == []

@@ -80,8 +80,7 @@ def test_gpu_node_set_template_has_what_onetemplate_create_needs(tmp_path, capsy
     assert vectors(tmpl, "DISK") == [{"IMAGE": "debian-12-slurm"}]
     [context] = vectors(tmpl, "CONTEXT")
     assert {k: v for k, v in context.items() if not k.endswith("_BASE64")} == {
-        "NETWORK": "YES", "TOKEN": "YES", "REPORT_READY": "YES",
-        "READY_SCRIPT_PATH": "/run/slurm-nebula-worker/ready", "SET_HOSTNAME": "$NAME",
+        "NETWORK": "YES", "TOKEN": "YES", "REPORT_READY": "NO", "SET_HOSTNAME": "$NAME",
         "SSH_PUBLIC_KEY": "$USER[SSH_PUBLIC_KEY]", "SLURM_NODENAME": "$NAME",
         "SLURM_CONTROLLER": "slurmctld.example.org:6817"}
     assert base64.b64decode(context["MUNGE_KEY_BASE64"]) == KEY

@@ -208,7 +208,7 @@ def test_nodes_boot_through_the_worker_and_a_job_runs(site_factory) -> None:
         log = (vm_dir / "worker.log").read_text()
         assert "slurmd started as node " + node in log and "READY=YES reported to OneGate" in log
         assert "REFUSED" not in log and base64.b64encode(key).decode() not in log
-        assert (vm_dir / "run" / "slurm-nebula-worker" / "ready").exists()  # READY_SCRIPT_PATH's check
+        assert not (vm_dir / "run" / "slurm-nebula-worker" / "ready").exists()  # READY: the worker's only
         installed = vm_dir / "etc-munge" / "munge.key"  # the VM's /etc/munge/munge.key
         info = installed.stat()
         assert installed.read_bytes() == key and stat.S_IMODE(info.st_mode) == 0o400

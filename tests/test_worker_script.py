@@ -103,6 +103,9 @@ class Worker:
             "WORKER_SYSTEMD_RUN": str(self.stubs / "systemd-run"),
             "WORKER_CURL": str(self.stubs / "curl"),
             "WORKER_ONEGATE": str(root / "no-onegate"),
+            "WORKER_TOKEN_FILE": str(root / "cd" / "token.txt"),
+            "WORKER_SLURMD_PID": str(root / "slurmd.pid"),
+            "WORKER_READY_WAIT": "0",
         }
 
     def stub(self, name: str, extra: str = "") -> None:
@@ -159,7 +162,7 @@ def test_boots_the_node_from_a_context_file(worker: Worker) -> None:
     assert curl == "-sS -f -X PUT http://127.0.0.1:5030/vm --max-time 10 --retry 3 -H @- -d READY=YES"
     assert TOKEN not in curl, "no secret on a command line (ps shows it to every local user)"
     assert (worker.stubs / "curl.stdin").read_text() == f"X-ONEGATE-TOKEN: {TOKEN}\nX-ONEGATE-VMID: 7\n"
-    assert os.access(run.ready, os.X_OK) and subprocess.run([str(run.ready)]).returncode == 0
+    assert not run.ready.exists()  # READY is the worker's alone: net-99 gets no READY_SCRIPT_PATH to run
     munge_run = worker.root / "run-munge"
     assert munge_run.stat().st_uid == MUNGE.pw_uid
     assert "slurmd started as node gpu01" in run.log and "READY=YES reported" in run.log
@@ -294,14 +297,40 @@ def test_console_that_cannot_be_written_is_skipped(worker: Worker) -> None:
 @pytest.mark.parametrize(("changes", "fail_curl", "message"), [
     ({"ONEGATE_ENDPOINT": None}, False, "READY not reported: no ONEGATE_ENDPOINT in CONTEXT"),
     ({"TOKENTXT": None}, False, "READY not reported: no OneGate token or VMID"),
-    ({}, True, "READY=YES not reported by this script"),
+    ({}, True, "READY not accepted by OneGate (http://127.0.0.1:5030), attempt 2 of 3"),
 ])
 def test_ready_is_best_effort(worker: Worker, changes, fail_curl, message) -> None:
     if fail_curl:
         worker.fail("curl", 22)
     run = worker.run(str(worker.context_file(**full_context(**changes))))
-    assert run.code == 0 and message in run.log
-    assert run.ready.exists()  # the context packages' own REPORT_READY may still report it
+    assert run.code == 0 and message in run.log and "READY=YES not reported" in run.log
+    assert not run.ready.exists()
+
+
+def test_ready_is_retried_until_onegate_accepts_it(worker: Worker) -> None:
+    # curl fails twice (OneGate still coming up), then succeeds.
+    worker.stub("curl", extra=f'cat >"{worker.stubs}/curl.stdin"\n'
+                              f'[ "$(wc -l <"{worker.stubs}/curl.args")" -ge 3 ] || exit 22')
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 0 and len(run.args("curl")) == 3 and "READY=YES reported" in run.log
+
+
+def test_onegate_token_from_one_env_when_the_context_is_in_the_environment(worker: Worker) -> None:
+    # one-context exports the CONTEXT variables to START_SCRIPT but never TOKENTXT: loc-16-gen-env writes
+    # it to one_env only.
+    (worker.root / "one_env").write_text(f'export TOKENTXT="{TOKEN}"\nexport VMID="7"\n')
+    run = worker.run(env=full_context(TOKENTXT=None))
+    assert run.code == 0 and "READY=YES reported" in run.log, run.log
+    assert (worker.stubs / "curl.stdin").read_text() == f"X-ONEGATE-TOKEN: {TOKEN}\nX-ONEGATE-VMID: 7\n"
+    assert_secret_kept(run)
+
+
+def test_onegate_token_from_the_context_cd(worker: Worker) -> None:
+    (worker.root / "cd").mkdir()
+    (worker.root / "cd" / "token.txt").write_text(TOKEN)  # one-contextd mounts the CD at $MOUNT_DIR
+    run = worker.run(env=full_context(TOKENTXT=None))
+    assert run.code == 0 and "READY=YES reported" in run.log, run.log
+    assert f"X-ONEGATE-TOKEN: {TOKEN}\n" in (worker.stubs / "curl.stdin").read_text()
 
 
 def test_onegate_token_from_onegate_token_variable(worker: Worker) -> None:
@@ -314,6 +343,14 @@ def test_the_onegate_command_is_used_when_installed(worker: Worker) -> None:
     run = worker.run(str(worker.context_file(**full_context())),
                      env={"WORKER_ONEGATE": str(worker.stubs / "onegate")})
     assert run.code == 0 and run.args("onegate") == ["vm update --data READY=YES"] and run.args("curl") == []
+    assert f"TOKENTXT={TOKEN}\n" in run.env("onegate") and "VMID=7\n" in run.env("onegate")
+
+
+def test_the_onegate_command_gets_the_token_from_one_env(worker: Worker) -> None:
+    worker.stub("onegate")
+    (worker.root / "one_env").write_text(f'export TOKENTXT="{TOKEN}"\n')
+    run = worker.run(env={**full_context(TOKENTXT=None), "WORKER_ONEGATE": str(worker.stubs / "onegate")})
+    assert run.code == 0 and f"TOKENTXT={TOKEN}\n" in run.env("onegate")
 
 
 def test_a_slurmd_that_knows_instance_id_is_given_the_vm_id(worker: Worker) -> None:
@@ -349,6 +386,69 @@ def test_systemd_mode_refusals(worker: Worker, stub, code, message) -> None:
     worker.fail(stub)
     run = worker.run(str(worker.context_file(**full_context())), env={"WORKER_INIT": "systemd"})
     assert run.code == code and "REFUSED: " + message in run.console and not run.ready.exists()
+
+
+# ---- reruns on a live node (one-context's udev rules, onevm updateconf) ---------------------------------
+
+
+@pytest.fixture
+def live_daemons(worker: Worker):
+    """After a first boot: a munged and a slurmd that run (sleep processes behind their pid files)."""
+    first = worker.run(str(worker.context_file(**full_context())))
+    assert first.code == 0, first.stderr
+    procs = {name: subprocess.Popen(["sleep", "300"]) for name in ("munged", "slurmd")}
+    (worker.root / "run-munge" / "munged.pid").write_text(f"{procs['munged'].pid}\n")
+    (worker.root / "slurmd.pid").write_text(f"{procs['slurmd'].pid}\n")
+    for name in ("munged", "slurmd", "runuser"):
+        (worker.stubs / f"{name}.args").unlink()
+    yield procs
+    for proc in procs.values():
+        proc.kill()
+        proc.wait()
+
+
+def test_a_rerun_leaves_a_healthy_munged_and_slurmd_alone(worker: Worker, live_daemons) -> None:
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 0, run.stderr
+    assert run.args("munged") == [] and run.args("slurmd") == []
+    assert all(proc.poll() is None for proc in live_daemons.values())  # nothing killed under the jobs
+    assert "munged already runs with this key: left alone" in run.log
+    assert "slurmd already runs as node gpu01" in run.log and "READY=YES reported" in run.log
+
+
+def test_a_rerun_with_a_new_key_restarts_munged_only(worker: Worker, live_daemons) -> None:
+    new_key = base64.b64encode(bytes(reversed(KEY))).decode()
+    run = worker.run(str(worker.context_file(**full_context(MUNGE_KEY_BASE64=new_key))))
+    assert run.code == 0, run.stderr
+    assert run.args("munged") == [""] and run.args("slurmd") == []
+    assert live_daemons["munged"].wait(5) is not None and live_daemons["slurmd"].poll() is None
+
+
+def test_a_rerun_starts_a_slurmd_that_died(worker: Worker, live_daemons) -> None:
+    live_daemons["slurmd"].kill()
+    live_daemons["slurmd"].wait()
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 0, run.stderr
+    assert run.args("slurmd") == ["-N gpu01 --conf-server ctl.example:6817 -b"] and run.args("munged") == []
+
+
+def test_a_rerun_with_another_controller_restarts_slurmd(worker: Worker, live_daemons) -> None:
+    run = worker.run(str(worker.context_file(**full_context(SLURM_CONTROLLER="ctl2.example"))))
+    assert run.code == 0, run.stderr
+    assert run.args("slurmd") == ["-N gpu01 --conf-server ctl2.example -b"]
+    assert live_daemons["slurmd"].wait(5) is not None and live_daemons["munged"].poll() is None
+
+
+def test_systemd_mode_rerun_leaves_active_units_alone(worker: Worker) -> None:
+    env = {"WORKER_INIT": "systemd"}
+    assert worker.run(str(worker.context_file(**full_context())), env=env).code == 0
+    (worker.stubs / "systemctl.args").unlink()
+    (worker.stubs / "systemd-run.args").unlink()
+    run = worker.run(str(worker.context_file(**full_context())), env=env)  # the stub says: active
+    assert run.code == 0, run.stderr
+    assert run.args("systemctl") == ["is-active --quiet munge.service",
+                                     "is-active --quiet slurm-nebula-slurmd.service"]
+    assert run.args("systemd-run") == []
 
 
 # ---- shipping and linting ---------------------------------------------------------------------------

@@ -7,15 +7,25 @@
 #
 #     slurm-nebula-worker.sh [CONTEXT-FILE]
 #
-# It installs the cluster's munge key (mode 0400, owned by munge), (re)starts munged, starts slurmd as
+# It installs the cluster's munge key (mode 0400, owned by munge), starts munged, starts slurmd as
 # the node the VM was made for (`slurmd -N $SLURM_NODENAME --conf-server $SLURM_CONTROLLER`: configless,
 # the image needs no slurm.conf; 23.11+ also gets `--instance-id $VMID --instance-type opennebula`), then
-# reports READY=YES through OneGate. A CONTEXT variable that is
+# reports READY=YES through OneGate, with retries. A CONTEXT variable that is
 # missing or wrong makes it refuse, visibly (console, stderr and the log), and READY is never reported:
 # with the node set's wait_for = "ready", resume then hands the node back to Slurm.
 #
+# It is the only one to report READY: the template sets REPORT_READY = "NO", so one-context's net-99 stays
+# out (6.8.x reports READY=YES even after a refusal; 6.10+ runs READY_SCRIPT_PATH, which cannot execute
+# where /run is mounted noexec, as initramfs-tools does on Debian and Ubuntu).
+#
+# Reruns are safe: one-context runs its scripts again on a context change (onevm updateconf), a disk
+# resize or a swap attach. munged is restarted only when the key changed or munged is not running, slurmd
+# only when it is not running or its node, controller or options changed: never under running jobs.
+#
 # CONTEXT variables: from CONTEXT-FILE (shell KEY='value' lines) when given, else the environment (the
-# context packages export them to START_SCRIPT), else the context packages' one_env file.
+# context packages export them to START_SCRIPT), else the context packages' one_env file. one-context
+# never exports the OneGate token: it is taken from TOKENTXT or ONEGATE_TOKEN when set, else from one_env
+# (root only, written by loc-16-gen-env), else from token.txt on the context CD ($MOUNT_DIR/token.txt).
 #   SLURM_NODENAME     the Slurm node name of this VM                        required
 #   SLURM_CONTROLLER   slurmctld as host[:port], comma-separated for backups required
 #                      (or ONEAPP_SLURM_CONTROLLER_IP, as OpenNebula's SlurmWorker appliance names it)
@@ -24,13 +34,15 @@
 #   SLURMD_OPTIONS     more slurmd options, split on blanks                  optional
 #   ONEGATE_ENDPOINT, VMID, TOKENTXT (or ONEGATE_TOKEN): OneGate; CONTEXT TOKEN="YES" provides them
 #
-# Exit status: 0 slurmd started (READY reported when OneGate answered), 2 CONTEXT incomplete or invalid,
+# Exit status: 0 slurmd running (READY reported when OneGate answered), 2 CONTEXT incomplete or invalid,
 # 3 munge failed, 4 slurmd failed.
 #
 # Defaults are a real VM's; the environment overrides them (tests do):
 #   WORKER_LOG=/var/log/slurm-nebula-worker.log   WORKER_CONSOLE=/dev/console
-#   WORKER_RUN_DIR=/run/slurm-nebula-worker       (its `ready` is the template's READY_SCRIPT_PATH)
+#   WORKER_RUN_DIR=/run/slurm-nebula-worker       (what this boot's slurmd was started with)
 #   WORKER_ONE_ENV=/var/run/one-context/one_env   WORKER_INIT=auto (systemd when booted with it) | direct
+#   WORKER_TOKEN_FILE=${MOUNT_DIR:-/mnt}/token.txt                WORKER_SLURMD_PID=/run/slurmd.pid
+#   WORKER_READY_ATTEMPTS=3  WORKER_READY_WAIT=5 (seconds between attempts to report READY)
 #   WORKER_MUNGE_KEY=/etc/munge/munge.key         WORKER_MUNGE_USER=munge   WORKER_MUNGE_RUN=/run/munge
 #   WORKER_MUNGED=/usr/sbin/munged  WORKER_SLURMD=/usr/sbin/slurmd  WORKER_RUNUSER=runuser
 #   WORKER_SYSTEMCTL=systemctl      WORKER_SYSTEMD_RUN=systemd-run  WORKER_CURL=curl  WORKER_ONEGATE=onegate
@@ -46,6 +58,10 @@ log=${WORKER_LOG:-/var/log/slurm-nebula-worker.log}
 console=${WORKER_CONSOLE:-/dev/console}
 run_dir=${WORKER_RUN_DIR:-/run/slurm-nebula-worker}
 one_env=${WORKER_ONE_ENV:-/var/run/one-context/one_env}
+token_file=${WORKER_TOKEN_FILE:-${MOUNT_DIR:-/mnt}/token.txt}
+slurmd_pid=${WORKER_SLURMD_PID:-/run/slurmd.pid}
+ready_attempts=${WORKER_READY_ATTEMPTS:-3}
+ready_wait=${WORKER_READY_WAIT:-5}
 init=${WORKER_INIT:-auto}
 munge_key=${WORKER_MUNGE_KEY:-/etc/munge/munge.key}
 munge_user=${WORKER_MUNGE_USER:-munge}
@@ -80,7 +96,7 @@ refuse() {
 }
 
 mkdir -p "$(dirname "$log")" 2>/dev/null
-rm -f "$run_dir/ready" 2>/dev/null
+rm -f "$run_dir/ready" 2>/dev/null  # an older bootstrap's READY_SCRIPT_PATH check: net-99 must not run it
 say "starting (pid $$)"
 
 # ---- CONTEXT --------------------------------------------------------------------------------------
@@ -110,6 +126,18 @@ node=${SLURM_NODENAME:-}
 controller=${SLURM_CONTROLLER:-${ONEAPP_SLURM_CONTROLLER_IP:-}}
 key_b64=${MUNGE_KEY_BASE64:-${ONEAPP_MUNGE_KEY_BASE64:-}}
 token=${TOKENTXT:-${ONEGATE_TOKEN:-}}
+# one-context exports the CONTEXT variables but not the token: loc-16-gen-env puts it in one_env (root only),
+# read here in a subshell so nothing else of it leaks; else it is token.txt on the context CD, which
+# one-contextd mounts at $MOUNT_DIR while its scripts run. $(cat FILE) shows no secret to ps.
+if [ -z "$token" ] && [ -r "$one_env" ]; then
+    # shellcheck disable=SC1090
+    token=$(. "$one_env" >/dev/null 2>&1; printf '%s' "${TOKENTXT:-}")
+    [ -z "$token" ] || say "OneGate token from $one_env"
+fi
+if [ -z "$token" ] && [ -r "$token_file" ]; then
+    token=$(cat "$token_file" 2>/dev/null)
+    [ -z "$token" ] || say "OneGate token from $token_file"
+fi
 # The daemons started below must not inherit the secrets.
 unset MUNGE_KEY_BASE64 ONEAPP_MUNGE_KEY_BASE64 TOKENTXT ONEGATE_TOKEN SLURM_CONF
 
@@ -144,6 +172,10 @@ if [ "$key_bytes" -lt 32 ]; then
     rm -f "$new_key"
     refuse 2 "MUNGE_KEY_BASE64 decodes to $key_bytes bytes; a munge key has at least 32"
 fi
+key_changed=yes
+if [ -f "$munge_key" ] && cmp -s "$new_key" "$munge_key"; then
+    key_changed=no  # a rerun (one-context's udev rules, onevm updateconf): same key as munged has
+fi
 if ! chown "$munge_user:$munge_gid" "$new_key" || ! chmod 0400 "$new_key" || ! mv -f "$new_key" "$munge_key"; then
     rm -f "$new_key"
     refuse 3 "cannot install the munge key as $munge_key (owner $munge_user, mode 0400)"
@@ -159,10 +191,22 @@ if [ "$init" = auto ]; then
     fi
 fi
 
-if [ "$init" = systemd ]; then
+# munged is left alone when it runs with this key: a restart under running jobs fails their credentials.
+munged_running() {
+    if [ "$init" = systemd ]; then
+        "$systemctl" is-active --quiet munge.service >/dev/null 2>&1
+    else
+        [ -r "$munge_run/munged.pid" ] && kill -0 "$(cat "$munge_run/munged.pid")" 2>/dev/null
+    fi
+}
+
+if [ "$key_changed" = no ] && munged_running; then
+    say "munged already runs with this key: left alone"
+elif [ "$init" = systemd ]; then
     if ! "$systemctl" restart munge.service >>"$log" 2>&1; then
         refuse 3 "munged did not start: systemctl restart munge.service failed (journalctl -u munge)"
     fi
+    say "munged started ($init)"
 else
     if ! { mkdir -p "$munge_run" && chown "$munge_user:$munge_gid" "$munge_run" && chmod 0755 "$munge_run"; } \
             2>/dev/null; then
@@ -178,8 +222,8 @@ else
     else
         "$munged" ${MUNGED_OPTIONS:-} >>"$log" 2>&1
     fi || refuse 3 "munged did not start: $munged exited with $? (see above in $log)"
+    say "munged started ($init)"
 fi
-say "munged started ($init)"
 
 # ---- slurmd ---------------------------------------------------------------------------------------
 # 23.11+: slurmd tells slurmctld the VM's id when it registers. 23.11 to 25.11 replace the InstanceId that
@@ -192,7 +236,25 @@ case ${VMID:-} in
            instance_opts="--instance-id $VMID --instance-type opennebula"
        fi ;;
 esac
-if [ "$init" = systemd ]; then
+# What slurmd runs with; a rerun with the same, while slurmd runs, leaves it alone (jobs keep running).
+slurmd_args="$slurmd -N $node --conf-server $controller $instance_opts ${SLURMD_OPTIONS:-}"
+slurmd_running() {
+    if [ "$init" = systemd ]; then
+        "$systemctl" is-active --quiet "$slurmd_unit.service" >/dev/null 2>&1
+    else
+        [ -r "$slurmd_pid" ] && kill -0 "$(cat "$slurmd_pid")" 2>/dev/null
+    fi
+}
+if [ -r "$run_dir/slurmd.args" ] && [ "$(cat "$run_dir/slurmd.args")" = "$slurmd_args" ] && slurmd_running; then
+    say "slurmd already runs as node $node (configless from $controller): left alone"
+    slurmd_kept=yes
+else
+    slurmd_kept=no
+    rm -f "$run_dir/slurmd.args"
+fi
+if [ "$slurmd_kept" = yes ]; then
+    :
+elif [ "$init" = systemd ]; then
     # A unit of its own: slurmd outlives the context packages' oneshot service (and their cgroup).
     "$systemctl" stop slurmd.service "$slurmd_unit.service" >/dev/null 2>&1
     "$systemctl" reset-failed "$slurmd_unit.service" >/dev/null 2>&1
@@ -203,46 +265,65 @@ if [ "$init" = systemd ]; then
         "$slurmd" -N "$node" --conf-server "$controller" $instance_opts ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
         || refuse 4 "slurmd did not start for node $node against $controller (journalctl -u $slurmd_unit)"
 else
+    if slurmd_running; then  # another node name, controller or options: the old slurmd makes way
+        kill "$(cat "$slurmd_pid")" 2>/dev/null && sleep 1
+    fi
     # shellcheck disable=SC2086
     "$slurmd" -N "$node" --conf-server "$controller" $instance_opts ${SLURMD_OPTIONS:-} >>"$log" 2>&1 \
         || refuse 4 "slurmd did not start for node $node against $controller: exited with $? (see above in $log)"
 fi
-say "slurmd started as node $node (configless from $controller)"
-
-# ---- READY ----------------------------------------------------------------------------------------
-# The context packages' own REPORT_READY runs READY_SCRIPT_PATH (the template points it here) first:
-# it exists only when this boot got this far.
-if mkdir -p "$run_dir" 2>/dev/null; then
-    printf '#!/bin/sh\n# slurm-nebula-worker started slurmd on this boot\nexit 0\n' >"$run_dir/ready" \
-        && chmod 0755 "$run_dir/ready"
+if [ "$slurmd_kept" = no ]; then
+    say "slurmd started as node $node (configless from $controller)"
+    if mkdir -p "$run_dir" 2>/dev/null; then
+        printf '%s\n' "$slurmd_args" >"$run_dir/slurmd.args"
+    fi
 fi
 
+# ---- READY ----------------------------------------------------------------------------------------
+# Reported here only (the template sets REPORT_READY = "NO": see the header), so it is retried here: OneGate
+# may still be coming up, or the guest's route to it.
 report_ready() {
     if [ -z "${ONEGATE_ENDPOINT:-}" ]; then
         say "READY not reported: no ONEGATE_ENDPOINT in CONTEXT (TOKEN = \"YES\" gives it)"
         return 1
     fi
-    if command -v "$onegate" >/dev/null 2>&1 && "$onegate" vm update --data READY=YES >>"$log" 2>&1; then
-        return 0
-    fi
     if [ -z "$token" ] || [ -z "${VMID:-}" ]; then
         say "READY not reported: no OneGate token or VMID (CONTEXT TOKEN = \"YES\" gives them)"
         return 1
     fi
-    if ! command -v "$curl" >/dev/null 2>&1; then
+    _have_onegate=no _have_curl=no
+    command -v "$onegate" >/dev/null 2>&1 && _have_onegate=yes
+    command -v "$curl" >/dev/null 2>&1 && _have_curl=yes
+    if [ "$_have_onegate$_have_curl" = nono ]; then
         say "READY not reported: neither the onegate command nor curl is installed"
         return 1
     fi
-    # The headers go through stdin (curl -H @-, 7.55+): a token on curl's command line is readable by every
-    # local user with ps. printf is a shell builtin, so no process shows it either.
-    printf 'X-ONEGATE-TOKEN: %s\nX-ONEGATE-VMID: %s\n' "$token" "$VMID" |
-        "$curl" -sS -f -X PUT "$ONEGATE_ENDPOINT/vm" --max-time 10 --retry 3 -H @- -d "READY=YES" >>"$log" 2>&1
+    _attempt=1
+    while :; do
+        # The onegate command reads TOKENTXT and VMID from its environment, which only root can read.
+        if [ "$_have_onegate" = yes ] && TOKENTXT=$token VMID=$VMID "$onegate" vm update --data READY=YES \
+                >>"$log" 2>&1; then
+            return 0
+        fi
+        # The headers go through stdin (curl -H @-, 7.55+): a token on curl's command line is readable by
+        # every local user with ps. printf is a shell builtin, so no process shows it either.
+        if [ "$_have_curl" = yes ] && printf 'X-ONEGATE-TOKEN: %s\nX-ONEGATE-VMID: %s\n' "$token" "$VMID" |
+                "$curl" -sS -f -X PUT "$ONEGATE_ENDPOINT/vm" --max-time 10 --retry 3 -H @- -d "READY=YES" \
+                >>"$log" 2>&1; then
+            return 0
+        fi
+        [ "$_attempt" -lt "$ready_attempts" ] || break
+        say "READY not accepted by OneGate ($ONEGATE_ENDPOINT), attempt $_attempt of $ready_attempts"
+        _attempt=$((_attempt + 1))
+        sleep "$ready_wait"
+    done
+    return 1
 }
 
 if report_ready; then
     say "READY=YES reported to OneGate ($ONEGATE_ENDPOINT)"
 else
-    say "READY=YES not reported by this script (the context packages may still report it)"
+    say "READY=YES not reported (see above); resume waits for it until boot_timeout"
 fi
 to_console "node $node is up (slurmd, controller $controller)"
 exit 0
