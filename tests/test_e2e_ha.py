@@ -18,6 +18,12 @@ What the backup did with the resume in flight is printed (run with -s). Two kill
   the job again and runs ResumeProgram for it: new VMs, and the job completes (~50 s after the kill). Still
   one VM per node at the end, none for the third; reconcile: nothing to repair.
 
+Between the two, under load (1 run in 6 with two CPU-bound processes beside it): the primary saved the job
+allocated and the nodes powering up, but not yet resume's NodeAddr update. The backup recovers the nodes at
+NodeAddr=<name> and runs no ResumeProgram again; 22.05 takes no address from slurmd's registration, so
+the job's launch finds no address and the job stays COMPLETING. Resume therefore reads the nodes' NodeAddr
+once at its end and sets again what slurmctld lost: the last test here makes that case deterministic.
+
 On Slurm 22.05 the job may end FAILED (seen after-state-save): the backup has the nodes at their VM addresses
 and starts the job on the first resume's VMs, but the job it recovered has no node alias list (its batch
 step sees SLURM_NODE_ALIASES=(null), where a job that did not go through a takeover sees
