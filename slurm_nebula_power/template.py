@@ -101,6 +101,12 @@ def read_munge_key(opts: _Options) -> bytes:
     return key
 
 
+def gpus_of(nodeset: NodeSet) -> int:
+    """The GPUs a node set's template gets: `gpus`, else 1 when any gpu_* option is set, else none."""
+    gpu_keys = ("gpu_vendor", "gpu_class", "gpu_device", "gpu_profile")
+    return int(nodeset.options.get("gpus", 1 if any(k in nodeset.options for k in gpu_keys) else 0))
+
+
 def _quote(value: object) -> str:
     return '"' + str(value) + '"'
 
@@ -117,6 +123,14 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
            script: bytes | None = None) -> str:
     """The VM template of a node set, in OpenNebula template syntax."""
     opts = _Options(config, index, nodeset)
+    needed = {"vcpu": "VCPU", "memory_mb": "MEMORY", "network": "the NIC",
+              "controller": "SLURM_CONTROLLER (slurmctld's host[:port])"}
+    if munge_key is None:
+        needed["munge_key_file"] = "MUNGE_KEY_BASE64"
+    missing = [key for key in needed if key not in opts.opts]
+    if len(missing) > 1:  # all of them in one line, not one a run
+        raise ConfigError(f"{config.path}: {opts.prefix}: missing {', '.join(missing)}; `template` needs them "
+                          f"for {', '.join(needed[key] for key in missing)} (see etc/nebula-power.toml)")
     vcpu = int(opts.required("vcpu", "VCPU"))
     memory = int(opts.required("memory_mb", "MEMORY"))
     cpu = float(opts.opts.get("cpu", vcpu))
@@ -124,8 +138,7 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
     controller = opts.required("controller", "SLURM_CONTROLLER (slurmctld's host[:port])")
     key = munge_key if munge_key is not None else read_munge_key(opts)
     bootstrap = script if script is not None else worker_script()
-    gpu_keys = ("gpu_vendor", "gpu_class", "gpu_device", "gpu_profile")
-    gpus = int(opts.opts.get("gpus", 1 if any(k in opts.opts for k in gpu_keys) else 0))
+    gpus = gpus_of(nodeset)
     if gpus < 0:
         raise opts.fail("gpus", f"{gpus} is negative")
     name = nodeset.template if isinstance(nodeset.template, str) else \

@@ -10,7 +10,7 @@ from support import make_setup
 
 from opennebula_sim import states as S
 from slurm_nebula_power.cli.main import resume_main
-from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 
 RUNNING = (3, 3)
 
@@ -164,10 +164,27 @@ def test_unknown_template_hands_back_without_creating_anything(sim, setup) -> No
     assert any("no VM template named 'no-such-template'" in a for a in handback)
 
 
-def test_node_outside_every_nodeset_is_refused_the_rest_proceed(sim, setup) -> None:
+def test_a_node_slurmctld_powers_up_outside_every_nodeset_is_handed_back_the_rest_proceed(sim, setup) -> None:
+    setup.set_nodes("NodeName=other7 State=IDLE+CLOUD+POWERING_UP Reason=x\n")
     assert resume_main(["gpu01,other7"], setup.env) == EXIT_NODES_FAILED
     assert len(vms_of(sim, "gpu01")) == 1 and not vms_of(sim, "other7")
     assert "other7 is in no [[nodeset]]" in setup.log_text()
+    assert ["NodeName=other7", "State=POWER_DOWN_FORCE",
+            "Reason=nebula: not in any nodeset of nebula-power.toml"] in setup.updates()
+
+
+@pytest.mark.parametrize("shown", ["", "NodeName=login01 State=IDLE Reason=x\n",
+                                   "NodeName=login01 State=IDLE+CLOUD+POWERED_DOWN Reason=x\n"],
+                         ids=["unknown-to-slurm", "static-idle", "cloud-powered-down"])
+def test_a_node_in_no_nodeset_that_slurmctld_is_not_powering_up_is_an_error_and_nothing_is_done(
+        sim, setup, capsys, shown: str) -> None:
+    # issue 25: `slurm-nebula-resume login01` by hand forced a static IDLE node down (POWER_DOWN_FORCE)
+    setup.set_nodes(shown)
+    assert resume_main(["gpu01,login01"], setup.env) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "login01: in no [[nodeset]] of" in err and "(node sets: gpu[01-08], cpu[01-04])" in err
+    assert "nothing done" in err and len(err.strip().splitlines()) == 1
+    assert sim.vms() == [] and setup.updates() == [], "no VM made, no node forced down"
 
 
 def test_newer_slurm_hands_back_with_power_down_force_too(tmp_path) -> None:

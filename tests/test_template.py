@@ -191,3 +191,33 @@ def test_the_simulator_accepts_the_template_and_its_vms_run(tmp_path, capsys) ->
         assert context["SLURM_NODENAME"] == "gpu01" and context["SET_HOSTNAME"] == "gpu01"
         assert context["ETH0_IP"] == vm.ip and context["ONEGATE_ENDPOINT"].startswith("http://127.0.0.1:")
         assert base64.b64decode(context["MUNGE_KEY_BASE64"]) == KEY
+
+
+def test_every_missing_key_is_named_in_one_run(tmp_path, capsys) -> None:
+    # issue 25: one missing key a run meant six runs to find five keys
+    setup = make_setup(tmp_path / "site", "http://127.0.0.1:9/RPC2", AUTH,
+                       nodesets='[[nodeset]]\nnodes = "gpu[01-04]"\ntemplate = "t"\n')
+    code, out, err = run(capsys, setup)
+    assert code == EXIT_CONFIG and out == ""
+    assert f"{setup.config}: nodeset[0]: missing vcpu, memory_mb, network, controller, munge_key_file; " \
+           "`template` needs them for VCPU, MEMORY, the NIC, SLURM_CONTROLLER" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("gres", "warned"), [("gpu:1", "Gres=gpu:1, but nodeset[0]"), ("gpu:2", None),
+                                              ("gpu:h100:4", "Gres=gpu:4")])
+def test_a_template_whose_gpus_differ_from_slurm_conf_is_warned_about(tmp_path, capsys, gres, warned) -> None:
+    # issue 25: a GPU node set with no PCI line printed a template without a word; check then said
+    # "remove gpu from Gres" when the template was what lacked the GPU
+    setup = site(tmp_path, GPU_SET)
+    (setup.root / "slurm.conf").write_text(f"ClusterName=testcluster\nNodeName=gpu[01-04] State=CLOUD CPUs=16 "
+                                           f"Gres={gres}\n")
+    code, out, err = run(capsys, setup)
+    assert code == EXIT_OK and "PCI = [" in out
+    if warned is None:
+        assert err == ""
+    else:
+        assert warned in err and "gives the template 2 GPU(s); set gpus = " in err
+    setup.config.write_text(setup.config.read_text().replace("gpus = 2\n", "gpus = 0\n"))
+    code, out, err = run(capsys, setup)
+    assert code == EXIT_OK and "(no PCI line: its VMs get no GPU)" in err

@@ -73,6 +73,13 @@ class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
         super().close()
 
 
+def _at_a_terminal() -> bool:
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def setup_logging(prog: str, config: Config | None, stream_too: bool = False) -> None:
     """Log to the configured file (or stderr), with the program name and pid on every line."""
     root = logging.getLogger("slurm_nebula_power")
@@ -90,7 +97,9 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
                 "; make its directory writable by SlurmUser or change log.file"
             raise ConfigError(f"{config.path}: log.file: cannot write {config.log.file}: {exc.strerror}{fix}") \
                 from None
-    if not handlers or stream_too:
+    # Run by hand at a terminal, a program that logs to its file says the same on stderr: the administrator
+    # sees what it does (slurmctld gives its programs no terminal).
+    if not handlers or stream_too or _at_a_terminal():
         handlers.append(logging.StreamHandler(sys.stderr))
     for handler in handlers:
         handler.setFormatter(OneLineFormatter(LOG_FORMAT, defaults={"prog": prog}))

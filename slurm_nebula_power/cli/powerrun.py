@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable, Mapping
 
 from ..config import Config
-from ..errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, ConfigError, PowerError
+from ..errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, ConfigError, PowerError, UsageError, first_line
 from ..hostlists import expand, fold
 from ..locks import NodeLocks
 from ..operation import Context, Outcome
 from ..operation import hand_back as _hand_back
 from ..resume import resume
-from ..slurm import jobs_from_resume_file
+from ..slurm import jobs_from_resume_file, scontrol_for
 from ..suspend import power_down
 from .common import (
     audit_log,
@@ -43,6 +43,8 @@ def run(prog: str, operation: str, args: argparse.Namespace, environ: Mapping[st
         config = load(args, env)
         setup_logging(prog, config)
         nodes = expand(args.hostlist)
+        if detachable:
+            _refuse_strays(config, env, nodes)
     except PowerError as exc:
         report_error(prog, str(exc))
         return exc.exit_code
@@ -51,6 +53,27 @@ def run(prog: str, operation: str, args: argparse.Namespace, environ: Mapping[st
         return EXIT_OK
     return _run_locked(prog, config, env, nodes, jobs, OPERATIONS[operation], args.hostlist,
                        hands_back=detachable)
+
+
+def _refuse_strays(config: Config, environ: Mapping[str, str], nodes: list[str]) -> None:
+    """Nodes in no node set are handed back only while slurmctld is powering them up (it asked for them);
+    any other is a mistyped name or a node that is not ours (a login node, a static node): the call is
+    refused whole, with nothing done, and no node of someone else's is ever forced down."""
+    strays = [node for node in nodes if config.nodeset_for(node) is None]
+    if not strays:
+        return
+    sets = ", ".join(ns.nodes_expr for ns in config.nodesets)
+    try:
+        states = scontrol_for(config, environ).show_nodes(strays)
+    except PowerError as exc:
+        raise UsageError(f"{fold(strays)}: in no [[nodeset]] of {config.path} (node sets: {sets}), and slurmctld "
+                         f"cannot say whether it is powering them up ({first_line(exc, 120)}): nothing done") \
+            from None
+    foreign = [node for node in strays if node not in states or not states[node].is_powering_up]
+    if foreign:
+        raise UsageError(f"{fold(foreign)}: in no [[nodeset]] of {config.path} (node sets: {sets}) and not being "
+                         "powered up by slurmctld: nothing done; check the node name, or add a [[nodeset]] "
+                         "for it")
 
 
 def _detach() -> bool:

@@ -7,8 +7,10 @@ import stat
 import sys
 from collections.abc import Mapping, Sequence
 
+from ..config import Config, NodeSet
 from ..errors import EXIT_OK, PowerError, UsageError
-from ..template import pick_nodeset, render
+from ..slurmconf import gres_gpus, read_slurm_conf
+from ..template import gpus_of, pick_nodeset, render
 from .common import load, make_parser, parse, report_error
 
 
@@ -35,8 +37,30 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except PowerError as exc:
         report_error(prog, str(exc), quiet=True)
         return exc.exit_code
+    warning = gpu_mismatch(config, index, nodeset)
+    if warning:
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
     sys.stdout.write(text)
     return EXIT_OK
+
+
+def gpu_mismatch(config: Config, index: int, nodeset: NodeSet) -> str | None:
+    """slurm.conf gives the node set's nodes GPUs (Gres=gpu) and the template gets none, or another count."""
+    if config.slurm.slurm_conf is None:
+        return None
+    try:
+        conf = read_slurm_conf(config.slurm.slurm_conf)
+    except PowerError:
+        return None
+    counts = {gres_gpus(conf.nodes[node].get("gres", "")) for node in nodeset.nodes if node in conf.nodes}
+    gpus = gpus_of(nodeset)
+    wrong = sorted(count for count in counts if count != gpus)
+    if not wrong:
+        return None
+    none = " (no PCI line: its VMs get no GPU)" if not gpus else ""
+    return (f"slurm.conf gives nodes of {nodeset.nodes_expr} Gres=gpu:{wrong[0]}, but nodeset[{index}] of "
+            f"{config.path} gives the template {gpus} GPU(s){none}; set gpus = {wrong[0]} (and gpu_vendor, "
+            "gpu_device) in the node set")
 
 
 def refuse_readable_output() -> None:
