@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import logging
 import shlex
 import signal
@@ -20,11 +21,20 @@ EXIT_OK, EXIT_USAGE, EXIT_CONFIG = 0, 2, 3  # as slurm-nebula-power's programs
 log = logging.getLogger(__name__)
 
 
+def _version() -> str:
+    """The installed distribution's version (the simulator imports nothing of the product's package)."""
+    try:
+        return importlib.metadata.version("slurm-nebula-power")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="slurm-nebula-power simulator",
         description="Serve a simulated OpenNebula XML-RPC API (oned) on a loopback address.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     p.add_argument("--listen", default="127.0.0.1:2633", help="ADDRESS:PORT in 127.0.0.0/8; port 0 picks one")
     p.add_argument("--auth", default="oneadmin:secret", help="the only accepted session, user:password")
     p.add_argument("--config", help="sim.toml with hosts, templates, network, durations and faults")

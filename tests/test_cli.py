@@ -171,3 +171,13 @@ def test_detach_returns_at_once_and_finishes_in_the_background(sim, setup, tmp_p
         [vm] = vms_of(sim, node)
         assert (vm.state, vm.lcm_state) == (3, 3)
         assert vm.user_template["SLURM_JOB_IDS"] == "41"
+
+
+@pytest.mark.parametrize("command", ["simulator", "status", "check", "reconcile", "usage", "template",
+                                     "slurm-conf", "demo"])
+def test_every_operator_command_answers_version(command: str) -> None:
+    # issue 25: `slurm-nebula-power simulator --version` exited 2
+    done = subprocess.run([program("slurm-nebula-power"), command, "--version"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"slurm-nebula-power {command} 0.1.0"
