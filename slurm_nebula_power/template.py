@@ -67,7 +67,7 @@ class _Options:
 
     def required(self, key: str, why: str) -> Any:
         if key not in self.opts:
-            raise self.fail(key, f"missing; `template` needs it for {why} (see etc/nebula-power.toml)")
+            raise self.fail(key, f"missing; `template` needs it for {why} (see `slurm-nebula-power example-config`)")
         return self.text(key) if isinstance(self.opts[key], str) else self.opts[key]
 
     def text(self, key: str, default: str | None = None) -> str | None:
@@ -130,7 +130,7 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
     missing = [key for key in needed if key not in opts.opts]
     if len(missing) > 1:  # all of them in one line, not one a run
         raise ConfigError(f"{config.path}: {opts.prefix}: missing {', '.join(missing)}; `template` needs them "
-                          f"for {', '.join(needed[key] for key in missing)} (see etc/nebula-power.toml)")
+                          f"for {', '.join(needed[key] for key in missing)} (see `slurm-nebula-power example-config`)")
     vcpu = int(opts.required("vcpu", "VCPU"))
     memory = int(opts.required("memory_mb", "MEMORY"))
     cpu = float(opts.opts.get("cpu", vcpu))

@@ -42,7 +42,7 @@ TEMPLATE = "slurm-gpu-worker"
 JOBS = {"gpu01": [1001], "gpu02": [1001], "gpu03": [1002], "gpu04": [1003]}
 
 CONFIG = """\
-# slurm-nebula-power configuration written by the demo (see etc/nebula-power.toml for every key)
+# slurm-nebula-power configuration written by the demo (`slurm-nebula-power example-config` prints every key)
 [opennebula]
 endpoint = "{endpoint}"
 auth_file = "one_auth"        # one line user:password, mode 0600
@@ -185,8 +185,8 @@ def run(root: Path, phase: float, emit: Callable[[str], None], environ: Mapping[
          + ("every VM created, booted and terminated, every GPU back. The job too big for the cloud was handed "
             "back whole, with no VM created." if ok else "see the log " +
             str(config.log.file)))
-    emit("Next: write your configuration (etc/nebula-power.toml), then `slurm-nebula-power check` and "
-         "`slurm-nebula-power slurm-conf`.")
+    emit("Next: write your configuration (slurm-nebula-power example-config > /etc/slurm/nebula-power.toml), "
+         "then `slurm-nebula-power check` and `slurm-nebula-power slurm-conf`.")
     return EXIT_OK if ok else EXIT_NODES_FAILED
 
 

@@ -60,6 +60,12 @@ def _usage(argv: list[str]) -> int:
     return usage.main(argv)
 
 
+def _examples(argv: list[str]) -> int:
+    from . import examples
+
+    return examples.main(argv)
+
+
 def _prolog(argv: list[str]) -> int:
     return prolog_main(argv)
 
@@ -73,6 +79,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "slurm-conf": (_slurm_conf, "print slurm.conf lines derived from the templates"),
     "template": (_template, "print a node set's VM template for onetemplate create"),
     "usage": (_usage, "GPU-hours and VM-hours by job, node set, host or day, from the usage records"),
+    "example-config": (_examples, "print (or --out DIR: write) the example configuration, units and dashboards"),
     "prolog-wait": (_prolog, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
 }
 

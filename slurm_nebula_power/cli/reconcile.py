@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser = make_parser(prog, "Repair drift: terminate our VMs whose node is powered down (after "
                      "[power] reconcile_grace), hand back to Slurm nodes believed up whose VM is gone, "
                      "failed or off, and terminate VMs stuck starting past boot_timeout. Run it every minute "
-                     "as SlurmUser (etc/systemd).")
+                     "as SlurmUser (`slurm-nebula-power example-config --list`: its systemd units).")
     parser.epilog = ("exit: 0 nothing to do or all repaired, 1 some repair failed, 2 usage, 3 configuration, "
                      "4 OpenNebula or Slurm unreachable")
     parser.add_argument("hostlist", nargs="?", help="only these nodes (default: every configured node)")

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         paths = args.file or ([] if config.log.audit_file is None else audit_files(config.log.audit_file))
         if not args.file and config.log.audit_file is None:
             raise UsageError(f"{config.path}: log.audit_file is not set, so there are no usage records; set it "
-                             "(see etc/nebula-power.toml) or pass --file PATH")
+                             "(see `slurm-nebula-power example-config`) or pass --file PATH")
         records, unreadable = read_audit(paths)
         records = [r for r in records if r.cluster in ("", config.slurm.cluster)]
         found = intervals(records)

@@ -1,0 +1,1 @@
+../slurm_nebula_power/examples/logrotate.d
