@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .capacity import Pool, Requests, gpus, label
 from .cooldown import PLACEMENT, Shortage
-from .slurm import nodes_by_job
+from .plan import nodes_by_job
 
 
 @dataclass(frozen=True)
