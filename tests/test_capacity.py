@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from slurm_nebula_power.admission import Need, admit, may_retry
+from slurm_nebula_power.admission import COUNT, PLACEMENT, Need, Shortage, admit, may_retry
 from slurm_nebula_power.capacity import PciRequest, Pool, gpu_requests, held_by, label, usage
-from slurm_nebula_power.cooldown import COUNT, PLACEMENT, Shortage, ShortageLog
+from slurm_nebula_power.cooldown import ShortageLog
 from slurm_nebula_power.model import Host, PciDevice, hosts_from_xml
 from slurm_nebula_power.plan import dragged
 
