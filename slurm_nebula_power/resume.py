@@ -6,15 +6,14 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import Any
 
 from .backoff import Backoff
-from .config import NodeSet
-from .errors import CloudError, QuotaExceeded, SlurmError, first_line
+from .booting import Boot, Step, collect_calls, judge, set_addresses
+from .errors import CloudError, first_line
 from .gate import Gate
 from .hostlists import fold
-from .model import PENDING, Vm, ours_by_node, printable, valid_ip
+from .model import PENDING, Vm, ours_by_node
 from .operation import (
     REASON_LENGTH,
     Context,
@@ -32,26 +31,6 @@ from .pacing import Pacer, placing
 from .plan import Plan, extra_template, plan_resume
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Boot:
-    """One node on its way up."""
-
-    node: str
-    nodeset: NodeSet
-    deadline: float
-    vm_id: int | None = None
-    future: Future[int] | None = None
-    attempts: int = 0
-    addr: str | None = None
-    seen: str = ""
-    running: int | None = None  # the VM recorded running
-    pending_since: float | None = None  # since when this run sees its VM PENDING with a SCHED_MESSAGE
-
-
-UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
-NOT_READY = "\0not ready"  # _judge's verdict for a RUNNING VM whose guest reported no READY by boot_timeout
 PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
 PACED = frozenset({"instantiate", "recreate", "resume", "release"})  # plans whose VM goes PENDING
 
@@ -280,31 +259,31 @@ class _Resume:
                 pause = min(pause, PACING_POLL)
             self._pause([b.future for b in active if b.future is not None], pause)
             now = ctx.clock()
-            failures = self._collect_calls(active, now)
+            failures = collect_calls(ctx, self.gate, active, now)
             failing = {id(b) for b in _flat(failures)}
             known = [b for b in active if b.vm_id is not None and b.future is None and id(b) not in failing]
             snapshot = self._snapshot(known, now, failures)
             seen = snapshot
             if snapshot is None:
                 known, snapshot = [], {}
-            known = self._set_addresses(known, snapshot, failures)
+            known = set_addresses(ctx, known, snapshot, failures)
             unplaced: list[tuple[Boot, Vm]] = []
             not_ready: list[Boot] = []
             for boot in known:
                 vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
-                verdict = self._judge(boot, vm, now)
-                if verdict == "done":
+                verdict = judge(ctx, self.jobs, boot, vm, now)
+                if verdict.step is Step.DONE:
                     self.outcome.done.append(boot.node)
-                elif verdict == "recreate":
+                elif verdict.step is Step.RECREATE:
                     boot.attempts += 1
                     boot.vm_id, boot.addr, boot.pending_since = None, None, None
                     boot.future = self.pool.submit(self._start, boot, Plan("recreate", vm))
-                elif verdict == UNPLACED and vm is not None:
+                elif verdict.step is Step.UNPLACED and vm is not None:
                     unplaced.append((boot, vm))
-                elif verdict == NOT_READY:
+                elif verdict.step is Step.NOT_READY:
                     not_ready.append(boot)
-                elif verdict:
-                    failures[verdict].append(boot)
+                elif verdict.step is Step.FAIL:
+                    failures[verdict.reason].append(boot)
             if unplaced:
                 self._unplaced(unplaced, failures)
             if not_ready:
@@ -321,23 +300,6 @@ class _Resume:
                 self._drag(snapshot)
             settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
             active = [b for b in active if b.node not in settled]
-
-    def _collect_calls(self, active: Sequence[Boot], now: float) -> dict[str, list[Boot]]:
-        """The answers of calls that finished: a VM id, or a failure (also for a call that never answers)."""
-        failures: dict[str, list[Boot]] = defaultdict(list)
-        for boot in active:
-            future = boot.future
-            if future is not None and future.done():
-                boot.future = None
-                try:
-                    boot.vm_id = future.result()
-                except QuotaExceeded as exc:  # a refusal like a shortage, not a failure of oned
-                    failures[self.gate.quota(boot.nodeset, exc)[:REASON_LENGTH]].append(boot)
-                except CloudError as exc:
-                    failures[cloud_reason(exc)].append(boot)
-            elif future is not None and now >= boot.deadline + self.ctx.config.opennebula.timeout:
-                failures["OpenNebula did not answer in time"].append(boot)
-        return failures
 
     def _snapshot(self, known: Sequence[Boot], now: float,
                   failures: dict[str, list[Boot]]) -> dict[int, Vm] | None:
@@ -365,40 +327,6 @@ class _Resume:
         self._remove_duplicates(known, ours_by_node(vms, ctx.cluster, (b.node for b in known)))
         return {vm.id: vm for vm in vms}
 
-    def _set_addresses(self, known: list[Boot], snapshot: Mapping[int, Vm],
-                       failures: dict[str, list[Boot]]) -> list[Boot]:
-        """Tell slurmctld the new addresses; the boots still to judge (a bad address or a refused update
-        fails its node: slurmctld rejects a whole batch for one bad value, and a node without its address
-        cannot register)."""
-        addresses: dict[str, str] = {}
-        fresh: list[Boot] = []
-        keep: list[Boot] = []
-        for boot in known:
-            vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
-            if vm is not None and vm.ip and not valid_ip(vm.ip):
-                log.error("node=%s vm=%d: OpenNebula's address %s is not an IP address", boot.node, vm.id,
-                          printable(repr(vm.ip)[:80]))
-                failures["OpenNebula gave the VM no valid IP address"].append(boot)
-                continue
-            if vm is not None and vm.ip and vm.ip != boot.addr:
-                addresses[boot.node] = vm.ip
-                fresh.append(boot)
-            keep.append(boot)
-        if not addresses:
-            return keep
-        instances = {b.node: b.vm_id for b in fresh if b.vm_id is not None}
-        for attempt in (1, 2):
-            try:
-                self.ctx.slurm.set_addresses(addresses, instances)
-            except SlurmError as exc:
-                log.error("could not set node addresses (attempt %d of 2): %s", attempt, exc)
-                continue
-            for boot in fresh:
-                boot.addr = addresses[boot.node]
-            return keep
-        failures["slurmctld refused the node address update"].extend(fresh)
-        return [b for b in keep if b.node not in addresses]
-
     def _pause(self, calls: Sequence[Future[int]], interval: float) -> None:
         """Until the next poll: until every call in flight has answered, else the interval.
 
@@ -420,45 +348,6 @@ class _Resume:
                 if vm.id != boot.vm_id and self.removals.claim(vm.id):
                     log.warning("node=%s vm=%d duplicates vm=%s: removing it", boot.node, vm.id, boot.vm_id)
                     self.pool.submit(self.removals.remove, boot.node, vm)
-
-    def _judge(self, boot: Boot, vm: Vm | None, now: float) -> str:
-        """'' keep waiting, 'done', 'recreate', or a failure reason."""
-        if vm is not None:
-            self.ctx.observe(boot.node, vm)
-        if vm is None:
-            return self._retry_or(boot, now, "VM vanished while booting")
-        if vm.state_name != boot.seen:
-            log.info("node=%s vm=%d state=%s ip=%s", boot.node, vm.id, vm.state_name, vm.ip)
-            boot.seen = vm.state_name
-        if vm.running and boot.running != vm.id:
-            boot.running = vm.id
-            self.ctx.recorder.record("running", boot.node, vm, jobs=self.jobs.get(boot.node, ()))
-        if vm.failed:
-            return self._retry_or(boot, now, f"VM failed to boot ({vm.state_name})")
-        if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
-            return "done"
-        # pending_timeout counts while oned says it cannot place the VM: a VM PENDING without a message,
-        # or left for the next plan by a dispatch limit, still waits for the scheduler (a burst), which
-        # proves no shortage.
-        if not vm.unplaceable:
-            boot.pending_since = None
-        elif boot.pending_since is None:
-            boot.pending_since = now
-        elif now - boot.pending_since >= boot.nodeset.pending_timeout:
-            return UNPLACED
-        if now < boot.deadline:
-            return ""
-        if vm.unplaceable:
-            what = "no free GPU" if "PCI" in vm.sched_message else "no host can take the VM"
-            return f"{what} (PENDING past boot_timeout; oned: {vm.oned_message})"
-        if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
-            return NOT_READY
-        return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"
-
-    def _retry_or(self, boot: Boot, now: float, reason: str) -> str:
-        if boot.attempts < self.ctx.config.power.recreate_attempts and now < boot.deadline:
-            return "recreate"
-        return reason
 
     # -- failing --
 
