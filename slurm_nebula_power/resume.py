@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -27,7 +27,7 @@ from .operation import (
     timed,
     unseen_vm,
 )
-from .pacing import Pacer, placing
+from .pacing import Pacer, Waves, placing
 from .plan import Plan, extra_template, plan_resume
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,7 @@ class _Resume:
         self.gate = Gate(ctx, jobs)
         self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
-        self.waiting: deque[tuple[Boot, Plan]] = deque()  # paced plans not sent yet (max_pending)
-        self.pacer = Pacer(ctx.config.opennebula.max_pending)
-        self.sends: list[tuple[list[Boot], int]] = []  # each send not looked at yet, with the window it had
+        self.waves: Waves[Boot] = Waves(Pacer(ctx.config.opennebula.max_pending))  # the paced plans
         self.floor: int | None = None  # the lowest id of a VM of our user PENDING at the last pool read
 
     def run(self, boots: list[Boot]) -> None:
@@ -101,11 +99,11 @@ class _Resume:
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
             plans = self._admit(plans)
             hosts = self.gate.hosts_read()  # read for the GPU count (not for a node set without GPUs)
-            self.pacer = Pacer(ctx.config.opennebula.max_pending,
-                               None if hosts is None else sum(1 for h in hosts if h.placeable))
+            self.waves.pacer = Pacer(ctx.config.opennebula.max_pending,
+                                     None if hosts is None else sum(1 for h in hosts if h.placeable))
             for boot, plan in plans:
                 if plan.action in PACED:
-                    self.waiting.append((boot, plan))
+                    self.waves.waiting.append((boot, plan))
                 else:
                     boot.future = self.pool.submit(self._start, boot, plan)
             self._send({vm.id: vm for vm in vms}, ctx.clock())
@@ -177,45 +175,24 @@ class _Resume:
         of the run; one that could not be sent within boot_timeout of the start (oned placed nothing for
         that long) is returned, to fail.  No snapshot (the pool query failed): nothing is sent.
         """
-        settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
-        self.waiting = deque((b, p) for b, p in self.waiting if b.node not in settled)
-        expired = [b for b, _ in self.waiting if now >= b.deadline]
-        self.waiting = deque((b, p) for b, p in self.waiting if now < b.deadline)
+        expired = self.waves.expire(set(self.outcome.done) | set(self.outcome.failed_nodes), now)
         if snapshot is None:
             return expired
-        self._look(snapshot)
-        if not self.waiting:
+        for before, after, still, sent in self.waves.look(snapshot):
+            log.info("window %d -> %d: %d of the %d VMs sent last still PENDING for oned to place",
+                     before, after, still, sent)
+        if not self.waves.waiting:
             return expired
         unseen = sum(1 for b in self.boots.values() if b.future is not None)
-        room = self.pacer.room(placing(snapshot), unseen, len(self.waiting))
-        sent: list[Boot] = []
-        while self.waiting and len(sent) < room:
-            boot, plan = self.waiting.popleft()
+        wave = self.waves.wave(placing(snapshot), unseen)
+        for boot, plan in wave:
             boot.deadline = now + boot.nodeset.boot_timeout
             boot.future = self.pool.submit(self._start, boot, plan)
-            sent.append(boot)
-        if sent:
-            self.sends.append((sent, self.pacer.limit))
-        if sent and self.waiting:
+        if wave and self.waves.waiting:
             log.info("sent %d, %d waiting for oned to place the VMs before them (window %d, max_pending %d)",
-                     len(sent), len(self.waiting), self.pacer.limit, self.ctx.config.opennebula.max_pending)
+                     len(wave), len(self.waves.waiting), self.waves.pacer.limit,
+                     self.ctx.config.opennebula.max_pending)
         return expired
-
-    def _look(self, snapshot: Mapping[int, Vm]) -> None:
-        """The window learns from each send whose calls have all answered (their VMs are in this read)."""
-        keep = []
-        for boots, limit in self.sends:
-            if any(b.future is not None for b in boots):
-                keep.append((boots, limit))
-                continue
-            vms = [snapshot.get(b.vm_id) for b in boots if b.vm_id is not None]
-            still = sum(1 for vm in vms if vm is not None and vm.state == PENDING and not vm.unplaceable)
-            before = self.pacer.limit
-            self.pacer.looked(len(boots), limit, still, placing(snapshot))
-            if self.pacer.limit != before:
-                log.info("window %d -> %d: %d of the %d VMs sent last still PENDING for oned to place",
-                         before, self.pacer.limit, still, len(boots))
-        self.sends = keep
 
     # -- starting a node (in the pool) --
 
@@ -255,7 +232,7 @@ class _Resume:
         interval = Backoff(ctx.poll_first, ctx.config.power.poll_max)
         while active:
             pause = interval.next()
-            if self.waiting:  # oned places a plan every few seconds: see it soon, send the next VMs
+            if self.waves.waiting:  # oned places a plan every few seconds: see it soon, send the next VMs
                 pause = min(pause, PACING_POLL)
             self._pause([b.future for b in active if b.future is not None], pause)
             now = ctx.clock()
@@ -337,7 +314,7 @@ class _Resume:
         except while nodes wait for the window: oned frees slots as it places, whatever is in flight.
         """
         if calls:
-            wait(calls, timeout=interval if self.waiting else max(interval, self.ctx.config.power.poll_max))
+            wait(calls, timeout=interval if self.waves.waiting else max(interval, self.ctx.config.power.poll_max))
         else:
             self.ctx.sleep(interval)
 
