@@ -1,5 +1,6 @@
 """The nodes on their way up in one resume run, and what each poll makes of them: the calls' answers, the
-addresses slurmctld is told, and the verdict on each VM (resume.py acts on it)."""
+addresses slurmctld is told, the verdict on each VM (resume.py acts on it), and whether a node whose guest
+never reported READY is up anyway."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .config import NodeSet
 from .errors import CloudError, QuotaExceeded, SlurmError
 from .gate import Gate
 from .model import Vm, printable, valid_ip
-from .operation import REASON_LENGTH, Context, cloud_reason
+from .operation import REASON_LENGTH, Context, Outcome, cloud_reason
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +151,18 @@ def set_addresses(ctx: Context, known: list[Boot], snapshot: Mapping[int, Vm],
         return keep
     failures["slurmctld refused the node address update"].extend(fresh)
     return [b for b in keep if b.node not in addresses]
+
+
+def not_ready_up(ctx: Context, outcome: Outcome, late: Sequence[Boot], failures: dict[str, list[Boot]]) -> None:
+    """RUNNING VMs whose guests reported no READY by boot_timeout: a node whose slurmd registered anyway
+    serves jobs (OneGate was slow or unreachable), so it is up; the others fail (one scontrol call)."""
+    up = ctx.slurm.registered([b.node for b in late])
+    for boot in late:
+        if boot.node in up:
+            log.warning("node=%s vm=%s: slurmd registered but the guest reported no READY=YES within "
+                        "boot_timeout %gs: counted as up; check the guest's OneGate access", boot.node,
+                        boot.vm_id, boot.nodeset.boot_timeout)
+            outcome.done.append(boot.node)
+        else:
+            failures[f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s "
+                     "(RUNNING)"].append(boot)

@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from .backoff import Backoff
-from .booting import Boot, Step, collect_calls, judge, set_addresses
+from .booting import Boot, Step, collect_calls, judge, not_ready_up, set_addresses
 from .errors import CloudError, first_line
 from .gate import Gate
 from .hostlists import fold
@@ -237,7 +237,7 @@ class _Resume:
             self._pause([b.future for b in active if b.future is not None], pause)
             now = ctx.clock()
             failures = collect_calls(ctx, self.gate, active, now)
-            failing = {id(b) for b in _flat(failures)}
+            failing = {id(b) for boots in failures.values() for b in boots}
             known = [b for b in active if b.vm_id is not None and b.future is None and id(b) not in failing]
             snapshot = self._snapshot(known, now, failures)
             seen = snapshot
@@ -264,7 +264,7 @@ class _Resume:
             if unplaced:
                 self._unplaced(unplaced, failures)
             if not_ready:
-                self._not_ready(not_ready, failures)
+                not_ready_up(ctx, self.outcome, not_ready, failures)
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
             if failures:
@@ -352,20 +352,6 @@ class _Resume:
             mine = [(b, vm) for b, vm in unplaced if b.nodeset is nodeset]
             failures[self.gate.unplaced(nodeset, mine[0][1], hosts)].extend(b for b, _ in mine)
 
-    def _not_ready(self, late: Sequence[Boot], failures: dict[str, list[Boot]]) -> None:
-        """RUNNING VMs whose guests reported no READY by boot_timeout: a node whose slurmd registered anyway
-        serves jobs (OneGate was slow or unreachable), so it is up; the others fail (one scontrol call)."""
-        up = self.ctx.slurm.registered([b.node for b in late])
-        for boot in late:
-            if boot.node in up:
-                log.warning("node=%s vm=%s: slurmd registered but the guest reported no READY=YES within "
-                            "boot_timeout %gs: counted as up; check the guest's OneGate access", boot.node,
-                            boot.vm_id, boot.nodeset.boot_timeout)
-                self.outcome.done.append(boot.node)
-            else:
-                failures[f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s "
-                         "(RUNNING)"].append(boot)
-
     def _drag(self, snapshot: Mapping[int, Vm]) -> None:
         """After failures: the all-or-nothing jobs that lost a node give back their other nodes too."""
         by_reason: dict[str, list[tuple[Boot, Vm | None]]] = defaultdict(list)
@@ -404,7 +390,3 @@ class _Resume:
 
 def _pending_floor(vms: Sequence[Vm]) -> int | None:
     return min((vm.id for vm in vms if vm.state == PENDING), default=None)
-
-
-def _flat(failures: Mapping[str, list[Boot]]) -> list[Boot]:
-    return [boot for boots in failures.values() for boot in boots]
