@@ -4,11 +4,13 @@ whether a node set in its shortage cooldown may be tried again."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .capacity import Pool, Requests, gpus, label
-from .cooldown import PLACEMENT, Shortage
-from .slurm import nodes_by_job
+from .plan import nodes_by_job
+
+COUNT, PLACEMENT = "count", "placement"  # found by counting the host pool / by oned not placing our VM
+QUOTA = "quota"  # oned refused for a user or group quota: no count of free GPUs lifts it, only time
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,25 @@ def admit(needs: Sequence[Need], jobs: Mapping[str, Sequence[int]], all_or_nothi
             refused.setdefault(node, f"{prefix}needs {gpus(per_set[need.nodeset])} {label(need.requests)}, "
                                      f"{free[need.nodeset]} free")
     return {node: reason for node, reason in refused.items() if node not in admitted}
+
+
+@dataclass(frozen=True)
+class Shortage:
+    """A GPU shortage seen in a node set: when, how it was found, the free devices then, what a VM needs.
+
+    cooldown.ShortageLog keeps one per node set across resume processes; may_retry judges it.
+    """
+
+    nodes: str
+    at: float  # wall-clock seconds (time.time): shared by separate processes
+    kind: str
+    free: int | None
+    reason: str
+    requests: tuple[Mapping[str, str], ...] = field(default=())
+
+    def age(self, now: float) -> float:
+        """Seconds since it was seen."""
+        return now - self.at
 
 
 def may_retry(shortage: Shortage, free_now: int | None, gpus_wanted: int) -> bool:

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .model import Host, PciDevice
-from .shapes import is_gpu
+from .model import Host, Pci, PciDevice
 
 
 def _hex(value: Any) -> int | None:
@@ -68,7 +67,7 @@ def gpu_requests(template: Mapping[str, Any]) -> Requests:
     return tuple(
         PciRequest(vendor=str(e.get("VENDOR", "")), device=str(e.get("DEVICE", "")), klass=str(e.get("CLASS", "")),
                    profile=str(e.get("PROFILE", "")), short_address=str(e.get("SHORT_ADDRESS", "")))
-        for e in entries if isinstance(e, dict) and is_gpu(e))
+        for e in entries if isinstance(e, dict) and Pci.from_entry(e).is_gpu)
 
 
 def gpus(count: int) -> str:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import stat
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from . import hostlists
 from .errors import ConfigError, HostlistError
+from .schema import Key, Reader, absolute, one_of, positive
 from .slurmconf import read_slurm_conf
 
 ENV_CONFIG = "SLURM_NEBULA_POWER_CONFIG"
@@ -149,33 +150,7 @@ def find_config(explicit: str | None, environ: Mapping[str, str]) -> Path:
     )
 
 
-# ---- schema ---------------------------------------------------------------------------------------
-
-_REQUIRED = object()
-
-
-@dataclass(frozen=True)
-class Key:
-    """One configuration key: its types, default and an optional extra check."""
-
-    types: tuple[type, ...]
-    default: Any = _REQUIRED
-    check: Callable[[Any], str | None] | None = None
-
-
-def _positive(value: Any) -> str | None:
-    return None if value > 0 else "must be greater than 0"
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        return None if value in choices else "must be one of " + ", ".join(repr(c) for c in choices)
-
-    return check
-
-
-def _absolute(value: Any) -> str | None:
-    return None if os.path.isabs(value) else "must be an absolute path"
+# ---- schema (the keys; schema.py reads a table against them) -------------------------------------
 
 
 def _http(value: Any) -> str | None:
@@ -193,53 +168,53 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "opennebula": {
         "endpoint": Key((str,), check=_http),
         "auth_file": Key((str,)),
-        "timeout": Key(NUMBER, 30.0, _positive),
-        "max_parallel": Key((int,), MAX_PARALLEL, _positive),
-        "max_pending": Key((int,), MAX_PENDING, _positive),
-        "retry_seconds": Key(NUMBER, 60.0, _positive),
-        "retry_backoff": Key(NUMBER, 0.2, _positive),
+        "timeout": Key(NUMBER, 30.0, positive),
+        "max_parallel": Key((int,), MAX_PARALLEL, positive),
+        "max_pending": Key((int,), MAX_PENDING, positive),
+        "retry_seconds": Key(NUMBER, 60.0, positive),
+        "retry_backoff": Key(NUMBER, 0.2, positive),
         "https_verify": Key((bool,), True),
         # A 10,000-VM pool answer of full VM bodies is ~60 MB (about 6 KB a VM, escaped in XML-RPC).
-        "max_answer_mb": Key(NUMBER, 128.0, _positive),
+        "max_answer_mb": Key(NUMBER, 128.0, positive),
     },
     "slurm": {
         "cluster": Key((str,), None),
-        "scontrol": Key((str,), None, _absolute),
+        "scontrol": Key((str,), None, absolute),
         "slurm_conf": Key((str,), None),
-        "prolog_chain": Key((str,), None, _absolute),
+        "prolog_chain": Key((str,), None, absolute),
     },
     "log": {
         "file": Key((str,), None),
-        "level": Key((str,), "info", _one_of(LOG_LEVELS)),
+        "level": Key((str,), "info", one_of(LOG_LEVELS)),
         "audit_file": Key((str,), None),
         "metrics_file": Key((str,), None, _prom),
     },
     "power": {
         "detach": Key((bool,), False),
         "lock_dir": Key((str,), str(PowerConfig.lock_dir)),
-        "suspend_timeout": Key(NUMBER, 90.0, _positive),
+        "suspend_timeout": Key(NUMBER, 90.0, positive),
         "recreate_attempts": Key((int,), 1),
-        "poll_max": Key(NUMBER, 2.0, _positive),
+        "poll_max": Key(NUMBER, 2.0, positive),
         "reconcile_grace": Key(NUMBER, 300.0),
-        "shortage_cooldown": Key((int,), SHORTAGE_COOLDOWN, _positive),
+        "shortage_cooldown": Key((int,), SHORTAGE_COOLDOWN, positive),
     },
     "nodeset": {
         "nodes": Key((str,)),
         "template": Key((str, int)),
-        "suspend_action": Key((str,), "terminate", _one_of(SUSPEND_ACTIONS)),
-        "boot_timeout": Key(NUMBER, 600.0, _positive),
-        "wait_for": Key((str,), "running", _one_of(WAIT_FOR)),
-        "pending_timeout": Key(NUMBER, 60.0, _positive),
-        "job_policy": Key((str,), None, _one_of(JOB_POLICIES)),
+        "suspend_action": Key((str,), "terminate", one_of(SUSPEND_ACTIONS)),
+        "boot_timeout": Key(NUMBER, 600.0, positive),
+        "wait_for": Key((str,), "running", one_of(WAIT_FOR)),
+        "pending_timeout": Key(NUMBER, 60.0, positive),
+        "job_policy": Key((str,), None, one_of(JOB_POLICIES)),
     },
 }
 # Keys a node set may carry for `slurm-nebula-power template` and `slurm-conf`; validated by those commands.
 # `template` needs vcpu, memory_mb, network, controller and munge_key_file; the GPU keys default to one
 # NVIDIA GPU (10de, class 0302) once any of them is given; ib_network is needed with ib_vendor/ib_device.
 NODESET_OPTIONS: dict[str, Key] = {
-    "cpu": Key(NUMBER, None, _positive),
-    "vcpu": Key((int,), None, _positive),
-    "memory_mb": Key((int,), None, _positive),
+    "cpu": Key(NUMBER, None, positive),
+    "vcpu": Key((int,), None, positive),
+    "memory_mb": Key((int,), None, positive),
     "gpus": Key((int,), None),
     "gpu_vendor": Key((str,), None),
     "gpu_class": Key((str,), None),
@@ -256,49 +231,6 @@ NODESET_OPTIONS: dict[str, Key] = {
     "controller": Key((str,), None),
     "munge_key_file": Key((str,), None),
 }
-
-
-class _Reader:
-    """Validates one table against its schema, naming file and key in every error."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.path}: {key}: {problem}")
-
-    def table(self, data: Any, name: str, schema: Mapping[str, Key], extra: Mapping[str, Key] = {}) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise self.fail(name, "must be a table")
-        out: dict[str, Any] = {}
-        known = {**schema, **extra}
-        for key in data:
-            if key not in known:
-                raise self.fail(f"{name}.{key}", "unknown key; remove it or check its spelling (known: "
-                                + ", ".join(sorted(known)) + ")")
-        for key, spec in known.items():
-            dotted = f"{name}.{key}"
-            if key not in data:
-                if spec.default is _REQUIRED:
-                    raise self.fail(dotted, "missing; add it (see etc/nebula-power.toml)")
-                out[key] = spec.default
-                continue
-            value: Any = data[key]
-            # bool is an int subclass in Python; TOML keeps them apart, so do we.
-            if (isinstance(value, bool) and bool not in spec.types) or not isinstance(value, spec.types):
-                raise self.fail(dotted, f"must be {_kind(spec.types)}, not {_kind((type(value),))} {value!r}")
-            problem = spec.check(value) if spec.check else None
-            if problem:
-                raise self.fail(dotted, f"{problem} (got {value!r})")
-            out[key] = float(cast(float, value)) if float in spec.types and not isinstance(value, str) else value
-        return out
-
-
-def _kind(types: tuple[type, ...]) -> str:
-    if float in types:
-        return "a number"
-    names = {int: "an integer", str: "a string", bool: "true or false", list: "a list", dict: "a table"}
-    return " or ".join(names.get(t, t.__name__) for t in types)
 
 
 def _relative_to(base: Path, value: str) -> Path:
@@ -344,7 +276,7 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}; make it readable by SlurmUser") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}; fix the syntax") from None
-    reader = _Reader(path)
+    reader = Reader(path)
     base = path.parent
     for section in data:
         if section not in SCHEMA:
@@ -401,7 +333,7 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
     )
 
 
-def _nodeset(reader: _Reader, index: int, raw: Any) -> NodeSet:
+def _nodeset(reader: Reader, index: int, raw: Any) -> NodeSet:
     name = f"nodeset[{index}]"
     values = reader.table(raw, name, SCHEMA["nodeset"], NODESET_OPTIONS)
     try:

@@ -13,33 +13,15 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .admission import Shortage
 from .files import Owner, read_capped, replace
 
 log = logging.getLogger(__name__)
 
-COUNT, PLACEMENT = "count", "placement"  # found by counting the host pool / by oned not placing our VM
-QUOTA = "quota"  # oned refused for a user or group quota: no count of free GPUs lifts it, only time
 MOST_BYTES = 64 << 10  # a state file's size at most (ours are a few hundred bytes)
-
-
-@dataclass(frozen=True)
-class Shortage:
-    """A GPU shortage seen in a node set: when, how it was found, the free devices then, what a VM needs."""
-
-    nodes: str
-    at: float  # wall-clock seconds (time.time): shared by separate processes
-    kind: str
-    free: int | None
-    reason: str
-    requests: tuple[Mapping[str, str], ...] = field(default=())
-
-    def age(self, now: float) -> float:
-        """Seconds since it was seen."""
-        return now - self.at
 
 
 class ShortageLog:

@@ -9,10 +9,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .admission import Need, admit, may_retry
+from .admission import COUNT, PLACEMENT, QUOTA, Need, admit, may_retry
 from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
 from .config import NodeSet
-from .cooldown import COUNT, PLACEMENT, QUOTA, ShortageLog
+from .cooldown import ShortageLog
 from .errors import CloudError, QuotaExceeded
 from .hostlists import fold
 from .model import PENDING, Host, Vm

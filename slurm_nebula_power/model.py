@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # VM STATE numbers (include/VirtualMachine.h, VmState)
 INIT, PENDING, HOLD, ACTIVE, STOPPED, SUSPENDED, DONE = 0, 1, 2, 3, 4, 5, 6
@@ -127,9 +128,13 @@ def state_name(state: int) -> str:
     return STATE_NAMES.get(state, f"STATE_{state}")
 
 
+GPU_VENDORS = ("10de", "1002")  # NVIDIA, AMD: a PCI device of theirs without CLASS is taken as a GPU
+
+
 @dataclass(frozen=True)
 class Pci:
-    """One TEMPLATE/PCI device of a VM as oned assigned it (ADDRESS and SHORT_ADDRESS once deployed)."""
+    """One TEMPLATE/PCI device of a VM as oned assigned it (ADDRESS and SHORT_ADDRESS once deployed), or a
+    template's PCI entry (what it asks for)."""
 
     address: str = ""
     short_address: str = ""
@@ -139,10 +144,24 @@ class Pci:
     profile: str = ""  # vGPU / MIG profile
     type: str = ""  # "NIC" for an SR-IOV network function (not a GPU)
 
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> Pci:
+        """A template's PCI entry (a dict of its attributes) as a Pci."""
+        return cls(address=str(entry.get("ADDRESS", "")), short_address=str(entry.get("SHORT_ADDRESS") or ""),
+                   vendor=str(entry.get("VENDOR", "")), device=str(entry.get("DEVICE", "")),
+                   klass=str(entry.get("CLASS", "")), profile=str(entry.get("PROFILE") or ""),
+                   type=str(entry.get("TYPE", "")))
+
     @property
     def is_gpu(self) -> bool:
-        """A GPU: not a NIC, and a display controller (PCI class 03xx) when the class is known."""
-        return self.type.upper() != "NIC" and (not self.klass or self.klass.startswith("03"))
+        """A GPU: not TYPE=NIC, and CLASS 03xx, a vGPU PROFILE or a GPU vendor; one exact device by address."""
+        if self.type.upper() == "NIC":
+            return False
+        vendor = self.vendor.lower()
+        if self.klass.startswith("03") or self.profile or (not self.klass and vendor in GPU_VENDORS):
+            return True
+        # one exact device by address: what passthrough of a GPU looks like
+        return not self.klass and not vendor and bool(self.short_address)
 
     @property
     def assigned(self) -> bool:
@@ -167,7 +186,7 @@ class Vm:
 
     @property
     def gpus(self) -> tuple[Pci, ...]:
-        """The VM's GPUs (TEMPLATE/PCI entries that are not NICs)."""
+        """The VM's GPUs (TEMPLATE/PCI entries that are GPUs: Pci.is_gpu)."""
         return tuple(p for p in self.pci if p.is_gpu)
 
     @property

@@ -22,14 +22,18 @@ run.  The rule, waves judged at every pool read:
   PENDING at that first read.  The 300 instantiates that stalled oned went to a scheduler placing 10-12 VMs a plan;
   the window reaches 120 only after oned placed 30 before it was looked at, 480 after it placed 120.
 
-Pure: resume (resume.py) counts and calls; measured against the simplest clients in bench/README.md.
+Pure: the window (Pacer) and one resume run's queue of plans and sends (Waves); resume (resume.py) calls
+oned, logs and submits what they decide. Measured against the simplest clients in bench/README.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Container, Mapping
+from typing import Generic, Protocol, TypeVar
 
 from .model import PENDING, Vm
+from .plan import Plan
 
 GROWTH = 16  # the window grows (4x a step) to at most this many times max_pending
 STEP = 4
@@ -63,3 +67,66 @@ class Pacer:
             self.limit = self.base
         elif size >= limit and placing == 0:
             self.limit = min(self.limit * STEP, self.base * GROWTH)
+
+
+# ---- one resume run's waves --------------------------------------------------------------------------
+
+
+class Paced(Protocol):
+    """What the waves read of a node whose plan is paced (resume's Boot)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def vm_id(self) -> int | None: ...
+    @property
+    def future(self) -> object | None: ...  # its call, while one is in flight
+
+
+B = TypeVar("B", bound=Paced)
+
+
+class Waves(Generic[B]):
+    """The paced plans of one resume run not sent yet (max_pending), and the sends not looked at yet."""
+
+    def __init__(self, pacer: Pacer) -> None:
+        self.pacer = pacer
+        self.waiting: deque[tuple[B, Plan]] = deque()  # paced plans not sent yet
+        self.sends: list[tuple[list[B], int]] = []  # each send not looked at yet, with the window it had
+
+    def expire(self, settled: Container[str], now: float) -> list[B]:
+        """Forget the settled nodes; those waiting past their deadline leave the queue and are returned."""
+        self.waiting = deque((b, p) for b, p in self.waiting if b.node not in settled)
+        expired = [b for b, _ in self.waiting if now >= b.deadline]
+        self.waiting = deque((b, p) for b, p in self.waiting if now < b.deadline)
+        return expired
+
+    def look(self, snapshot: Mapping[int, Vm]) -> list[tuple[int, int, int, int]]:
+        """The window learns from each send whose calls have all answered (their VMs are in this read).
+
+        Each change of the window, in order: (limit before, limit after, VMs still PENDING, VMs sent).
+        """
+        keep = []
+        changes = []
+        for boots, limit in self.sends:
+            if any(b.future is not None for b in boots):
+                keep.append((boots, limit))
+                continue
+            vms = [snapshot.get(b.vm_id) for b in boots if b.vm_id is not None]
+            still = sum(1 for vm in vms if vm is not None and vm.state == PENDING and not vm.unplaceable)
+            before = self.pacer.limit
+            self.pacer.looked(len(boots), limit, still, placing(snapshot))
+            if self.pacer.limit != before:
+                changes.append((before, self.pacer.limit, still, len(boots)))
+        self.sends = keep
+        return changes
+
+    def wave(self, placing: int, unseen: int) -> list[tuple[B, Plan]]:
+        """The next wave, taken off the queue and kept as a send to look at (none while the window is full)."""
+        room = self.pacer.room(placing, unseen, len(self.waiting))
+        wave = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        if wave:
+            self.sends.append(([b for b, _ in wave], self.pacer.limit))
+        return wave

@@ -101,6 +101,15 @@ def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mappin
 # ---- jobs ------------------------------------------------------------------------------------------
 
 
+def nodes_by_job(jobs: Mapping[str, Sequence[int]]) -> dict[int, list[str]]:
+    """The other direction of slurm.jobs_from_resume_file: each job's nodes in this resume, jobs in file order."""
+    out: dict[int, list[str]] = {}
+    for node, ids in jobs.items():
+        for job in ids:
+            out.setdefault(job, []).append(node)
+    return out
+
+
 def dragged(lost: Iterable[str], jobs: Mapping[str, Sequence[int]], all_or_nothing: Callable[[str], bool]
             ) -> dict[str, int]:
     """Nodes that go down with the lost ones: node -> the job that drags it.
@@ -109,10 +118,7 @@ def dragged(lost: Iterable[str], jobs: Mapping[str, Sequence[int]], all_or_nothi
     all-or-nothing is dragged, unless another job of this resume that lost nothing needs it; a dragged
     node can in turn break the jobs it was in (a fixed point). A node resumed for no job is its own group.
     """
-    by_job: dict[int, list[str]] = {}
-    for node, ids in jobs.items():
-        for job in ids:
-            by_job.setdefault(job, []).append(node)
+    by_job = nodes_by_job(jobs)
     down = set(lost)
     found: dict[str, int] = {}
     while True:

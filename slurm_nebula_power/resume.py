@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import Any
 
 from .backoff import Backoff
-from .config import NodeSet
-from .errors import CloudError, QuotaExceeded, SlurmError, first_line
+from .booting import Boot, Step, collect_calls, judge, not_ready_up, set_addresses
+from .errors import CloudError, first_line
 from .gate import Gate
 from .hostlists import fold
-from .model import PENDING, Vm, ours_by_node, printable, valid_ip
+from .model import PENDING, Vm, ours_by_node
 from .operation import (
     REASON_LENGTH,
     Context,
@@ -28,30 +27,10 @@ from .operation import (
     timed,
     unseen_vm,
 )
-from .pacing import Pacer, placing
+from .pacing import Pacer, Waves, placing
 from .plan import Plan, extra_template, plan_resume
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Boot:
-    """One node on its way up."""
-
-    node: str
-    nodeset: NodeSet
-    deadline: float
-    vm_id: int | None = None
-    future: Future[int] | None = None
-    attempts: int = 0
-    addr: str | None = None
-    seen: str = ""
-    running: int | None = None  # the VM recorded running
-    pending_since: float | None = None  # since when this run sees its VM PENDING with a SCHED_MESSAGE
-
-
-UNPLACED = "\0unplaced"  # _judge's verdict for a VM PENDING with a SCHED_MESSAGE past pending_timeout
-NOT_READY = "\0not ready"  # _judge's verdict for a RUNNING VM whose guest reported no READY by boot_timeout
 PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
 PACED = frozenset({"instantiate", "recreate", "resume", "release"})  # plans whose VM goes PENDING
 
@@ -97,9 +76,7 @@ class _Resume:
         self.gate = Gate(ctx, jobs)
         self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
-        self.waiting: deque[tuple[Boot, Plan]] = deque()  # paced plans not sent yet (max_pending)
-        self.pacer = Pacer(ctx.config.opennebula.max_pending)
-        self.sends: list[tuple[list[Boot], int]] = []  # each send not looked at yet, with the window it had
+        self.waves: Waves[Boot] = Waves(Pacer(ctx.config.opennebula.max_pending))  # the paced plans
         self.floor: int | None = None  # the lowest id of a VM of our user PENDING at the last pool read
 
     def run(self, boots: list[Boot]) -> None:
@@ -122,11 +99,11 @@ class _Resume:
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
             plans = self._admit(plans)
             hosts = self.gate.hosts_read()  # read for the GPU count (not for a node set without GPUs)
-            self.pacer = Pacer(ctx.config.opennebula.max_pending,
-                               None if hosts is None else sum(1 for h in hosts if h.placeable))
+            self.waves.pacer = Pacer(ctx.config.opennebula.max_pending,
+                                     None if hosts is None else sum(1 for h in hosts if h.placeable))
             for boot, plan in plans:
                 if plan.action in PACED:
-                    self.waiting.append((boot, plan))
+                    self.waves.waiting.append((boot, plan))
                 else:
                     boot.future = self.pool.submit(self._start, boot, plan)
             self._send({vm.id: vm for vm in vms}, ctx.clock())
@@ -201,45 +178,24 @@ class _Resume:
         of the run; one that could not be sent within boot_timeout of the start (oned placed nothing for
         that long) is returned, to fail.  No snapshot (the pool query failed): nothing is sent.
         """
-        settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
-        self.waiting = deque((b, p) for b, p in self.waiting if b.node not in settled)
-        expired = [b for b, _ in self.waiting if now >= b.deadline]
-        self.waiting = deque((b, p) for b, p in self.waiting if now < b.deadline)
+        expired = self.waves.expire(set(self.outcome.done) | set(self.outcome.failed_nodes), now)
         if snapshot is None:
             return expired
-        self._look(snapshot)
-        if not self.waiting:
+        for before, after, still, sent in self.waves.look(snapshot):
+            log.info("window %d -> %d: %d of the %d VMs sent last still PENDING for oned to place",
+                     before, after, still, sent)
+        if not self.waves.waiting:
             return expired
         unseen = sum(1 for b in self.boots.values() if b.future is not None)
-        room = self.pacer.room(placing(snapshot), unseen, len(self.waiting))
-        sent: list[Boot] = []
-        while self.waiting and len(sent) < room:
-            boot, plan = self.waiting.popleft()
+        wave = self.waves.wave(placing(snapshot), unseen)
+        for boot, plan in wave:
             boot.deadline = now + boot.nodeset.boot_timeout
             boot.future = self.pool.submit(self._start, boot, plan)
-            sent.append(boot)
-        if sent:
-            self.sends.append((sent, self.pacer.limit))
-        if sent and self.waiting:
+        if wave and self.waves.waiting:
             log.info("sent %d, %d waiting for oned to place the VMs before them (window %d, max_pending %d)",
-                     len(sent), len(self.waiting), self.pacer.limit, self.ctx.config.opennebula.max_pending)
+                     len(wave), len(self.waves.waiting), self.waves.pacer.limit,
+                     self.ctx.config.opennebula.max_pending)
         return expired
-
-    def _look(self, snapshot: Mapping[int, Vm]) -> None:
-        """The window learns from each send whose calls have all answered (their VMs are in this read)."""
-        keep = []
-        for boots, limit in self.sends:
-            if any(b.future is not None for b in boots):
-                keep.append((boots, limit))
-                continue
-            vms = [snapshot.get(b.vm_id) for b in boots if b.vm_id is not None]
-            still = sum(1 for vm in vms if vm is not None and vm.state == PENDING and not vm.unplaceable)
-            before = self.pacer.limit
-            self.pacer.looked(len(boots), limit, still, placing(snapshot))
-            if self.pacer.limit != before:
-                log.info("window %d -> %d: %d of the %d VMs sent last still PENDING for oned to place",
-                         before, self.pacer.limit, still, len(boots))
-        self.sends = keep
 
     # -- starting a node (in the pool) --
 
@@ -279,39 +235,39 @@ class _Resume:
         interval = Backoff(ctx.poll_first, ctx.config.power.poll_max)
         while active:
             pause = interval.next()
-            if self.waiting:  # oned places a plan every few seconds: see it soon, send the next VMs
+            if self.waves.waiting:  # oned places a plan every few seconds: see it soon, send the next VMs
                 pause = min(pause, PACING_POLL)
             self._pause([b.future for b in active if b.future is not None], pause)
             now = ctx.clock()
-            failures = self._collect_calls(active, now)
-            failing = {id(b) for b in _flat(failures)}
+            failures = collect_calls(ctx, self.gate, active, now)
+            failing = {id(b) for boots in failures.values() for b in boots}
             known = [b for b in active if b.vm_id is not None and b.future is None and id(b) not in failing]
             snapshot = self._snapshot(known, now, failures)
             seen = snapshot
             if snapshot is None:
                 known, snapshot = [], {}
-            known = self._set_addresses(known, snapshot, failures)
+            known = set_addresses(ctx, known, snapshot, failures)
             unplaced: list[tuple[Boot, Vm]] = []
             not_ready: list[Boot] = []
             for boot in known:
                 vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
-                verdict = self._judge(boot, vm, now)
-                if verdict == "done":
+                verdict = judge(ctx, self.jobs, boot, vm, now)
+                if verdict.step is Step.DONE:
                     self.outcome.done.append(boot.node)
-                elif verdict == "recreate":
+                elif verdict.step is Step.RECREATE:
                     boot.attempts += 1
                     boot.vm_id, boot.addr, boot.pending_since = None, None, None
                     boot.future = self.pool.submit(self._start, boot, Plan("recreate", vm))
-                elif verdict == UNPLACED and vm is not None:
+                elif verdict.step is Step.UNPLACED and vm is not None:
                     unplaced.append((boot, vm))
-                elif verdict == NOT_READY:
+                elif verdict.step is Step.NOT_READY:
                     not_ready.append(boot)
-                elif verdict:
-                    failures[verdict].append(boot)
+                elif verdict.step is Step.FAIL:
+                    failures[verdict.reason].append(boot)
             if unplaced:
                 self._unplaced(unplaced, failures)
             if not_ready:
-                self._not_ready(not_ready, failures)
+                not_ready_up(ctx, self.outcome, not_ready, failures)
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
             if failures:
@@ -324,23 +280,6 @@ class _Resume:
                 self._drag(snapshot)
             settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
             active = [b for b in active if b.node not in settled]
-
-    def _collect_calls(self, active: Sequence[Boot], now: float) -> dict[str, list[Boot]]:
-        """The answers of calls that finished: a VM id, or a failure (also for a call that never answers)."""
-        failures: dict[str, list[Boot]] = defaultdict(list)
-        for boot in active:
-            future = boot.future
-            if future is not None and future.done():
-                boot.future = None
-                try:
-                    boot.vm_id = future.result()
-                except QuotaExceeded as exc:  # a refusal like a shortage, not a failure of oned
-                    failures[self.gate.quota(boot.nodeset, exc)[:REASON_LENGTH]].append(boot)
-                except CloudError as exc:
-                    failures[cloud_reason(exc)].append(boot)
-            elif future is not None and now >= boot.deadline + self.ctx.config.opennebula.timeout:
-                failures["OpenNebula did not answer in time"].append(boot)
-        return failures
 
     def _snapshot(self, known: Sequence[Boot], now: float,
                   failures: dict[str, list[Boot]]) -> dict[int, Vm] | None:
@@ -368,40 +307,6 @@ class _Resume:
         self._remove_duplicates(known, ours_by_node(vms, ctx.cluster, (b.node for b in known)))
         return {vm.id: vm for vm in vms}
 
-    def _set_addresses(self, known: list[Boot], snapshot: Mapping[int, Vm],
-                       failures: dict[str, list[Boot]]) -> list[Boot]:
-        """Tell slurmctld the new addresses; the boots still to judge (a bad address or a refused update
-        fails its node: slurmctld rejects a whole batch for one bad value, and a node without its address
-        cannot register)."""
-        addresses: dict[str, str] = {}
-        fresh: list[Boot] = []
-        keep: list[Boot] = []
-        for boot in known:
-            vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
-            if vm is not None and vm.ip and not valid_ip(vm.ip):
-                log.error("node=%s vm=%d: OpenNebula's address %s is not an IP address", boot.node, vm.id,
-                          printable(repr(vm.ip)[:80]))
-                failures["OpenNebula gave the VM no valid IP address"].append(boot)
-                continue
-            if vm is not None and vm.ip and vm.ip != boot.addr:
-                addresses[boot.node] = vm.ip
-                fresh.append(boot)
-            keep.append(boot)
-        if not addresses:
-            return keep
-        instances = {b.node: b.vm_id for b in fresh if b.vm_id is not None}
-        for attempt in (1, 2):
-            try:
-                self.ctx.slurm.set_addresses(addresses, instances)
-            except SlurmError as exc:
-                log.error("could not set node addresses (attempt %d of 2): %s", attempt, exc)
-                continue
-            for boot in fresh:
-                boot.addr = addresses[boot.node]
-            return keep
-        failures["slurmctld refused the node address update"].extend(fresh)
-        return [b for b in keep if b.node not in addresses]
-
     def _pause(self, calls: Sequence[Future[int]], interval: float) -> None:
         """Until the next poll: until every call in flight has answered, else the interval.
 
@@ -412,7 +317,7 @@ class _Resume:
         except while nodes wait for the window: oned frees slots as it places, whatever is in flight.
         """
         if calls:
-            wait(calls, timeout=interval if self.waiting else max(interval, self.ctx.config.power.poll_max))
+            wait(calls, timeout=interval if self.waves.waiting else max(interval, self.ctx.config.power.poll_max))
         else:
             self.ctx.sleep(interval)
 
@@ -423,45 +328,6 @@ class _Resume:
                 if vm.id != boot.vm_id and self.removals.claim(vm.id):
                     log.warning("node=%s vm=%d duplicates vm=%s: removing it", boot.node, vm.id, boot.vm_id)
                     self.pool.submit(self.removals.remove, boot.node, vm)
-
-    def _judge(self, boot: Boot, vm: Vm | None, now: float) -> str:
-        """'' keep waiting, 'done', 'recreate', or a failure reason."""
-        if vm is not None:
-            self.ctx.observe(boot.node, vm)
-        if vm is None:
-            return self._retry_or(boot, now, "VM vanished while booting")
-        if vm.state_name != boot.seen:
-            log.info("node=%s vm=%d state=%s ip=%s", boot.node, vm.id, vm.state_name, vm.ip)
-            boot.seen = vm.state_name
-        if vm.running and boot.running != vm.id:
-            boot.running = vm.id
-            self.ctx.recorder.record("running", boot.node, vm, jobs=self.jobs.get(boot.node, ()))
-        if vm.failed:
-            return self._retry_or(boot, now, f"VM failed to boot ({vm.state_name})")
-        if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
-            return "done"
-        # pending_timeout counts while oned says it cannot place the VM: a VM PENDING without a message,
-        # or left for the next plan by a dispatch limit, still waits for the scheduler (a burst), which
-        # proves no shortage.
-        if not vm.unplaceable:
-            boot.pending_since = None
-        elif boot.pending_since is None:
-            boot.pending_since = now
-        elif now - boot.pending_since >= boot.nodeset.pending_timeout:
-            return UNPLACED
-        if now < boot.deadline:
-            return ""
-        if vm.unplaceable:
-            what = "no free GPU" if "PCI" in vm.sched_message else "no host can take the VM"
-            return f"{what} (PENDING past boot_timeout; oned: {vm.oned_message})"
-        if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
-            return NOT_READY
-        return f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})"
-
-    def _retry_or(self, boot: Boot, now: float, reason: str) -> str:
-        if boot.attempts < self.ctx.config.power.recreate_attempts and now < boot.deadline:
-            return "recreate"
-        return reason
 
     # -- failing --
 
@@ -488,20 +354,6 @@ class _Resume:
         for nodeset in {id(b.nodeset): b.nodeset for b, _ in unplaced}.values():
             mine = [(b, vm) for b, vm in unplaced if b.nodeset is nodeset]
             failures[self.gate.unplaced(nodeset, mine[0][1], hosts)].extend(b for b, _ in mine)
-
-    def _not_ready(self, late: Sequence[Boot], failures: dict[str, list[Boot]]) -> None:
-        """RUNNING VMs whose guests reported no READY by boot_timeout: a node whose slurmd registered anyway
-        serves jobs (OneGate was slow or unreachable), so it is up; the others fail (one scontrol call)."""
-        up = self.ctx.slurm.registered([b.node for b in late])
-        for boot in late:
-            if boot.node in up:
-                log.warning("node=%s vm=%s: slurmd registered but the guest reported no READY=YES within "
-                            "boot_timeout %gs: counted as up; check the guest's OneGate access", boot.node,
-                            boot.vm_id, boot.nodeset.boot_timeout)
-                self.outcome.done.append(boot.node)
-            else:
-                failures[f"guest did not report READY=YES within boot_timeout {boot.nodeset.boot_timeout:g}s "
-                         "(RUNNING)"].append(boot)
 
     def _drag(self, snapshot: Mapping[int, Vm]) -> None:
         """After failures: the all-or-nothing jobs that lost a node give back their other nodes too."""
@@ -541,7 +393,3 @@ class _Resume:
 
 def _pending_floor(vms: Sequence[Vm]) -> int | None:
     return min((vm.id for vm in vms if vm.state == PENDING), default=None)
-
-
-def _flat(failures: Mapping[str, list[Boot]]) -> list[Boot]:
-    return [boot for boots in failures.values() for boot in boots]

@@ -16,6 +16,7 @@ from . import __version__
 from .config import Config, NodeSet
 from .errors import CloudError, first_line
 from .hostlists import fold
+from .model import Pci
 from .operation import Cloud
 
 PROGRAMS = {"ResumeProgram": "slurm-nebula-resume", "SuspendProgram": "slurm-nebula-suspend",
@@ -26,7 +27,6 @@ PROLOG = "slurm-nebula-prolog"
 MEMORY_RATIO = 0.95
 RESUME_MARGIN = 300  # seconds for the guest to start slurmd after the VM is RUNNING
 SUSPEND_MARGIN = 30  # seconds beyond [power] suspend_timeout before slurmctld forgets the node's address
-GPU_VENDORS = ("10de", "1002")  # NVIDIA, AMD: a PCI device of theirs without CLASS is taken as a GPU
 
 
 # ---- what a template gives a node -------------------------------------------------------------------
@@ -42,21 +42,10 @@ class Shape:
     source: str
 
 
-def is_gpu(device: Mapping[str, Any]) -> bool:
-    """A template PCI entry that is a GPU: CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC."""
-    if str(device.get("TYPE", "")).upper() == "NIC":
-        return False
-    klass, vendor = str(device.get("CLASS", "")), str(device.get("VENDOR", "")).lower()
-    if klass.startswith("03") or device.get("PROFILE") or (not klass and vendor in GPU_VENDORS):
-        return True
-    # one exact device by address: what passthrough of a GPU looks like
-    return not klass and not vendor and bool(device.get("SHORT_ADDRESS"))
-
-
 def pci_gpus(pci: Any) -> int:
     """GPUs among a template's PCI entries (CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC)."""
     devices = pci if isinstance(pci, list) else [pci] if isinstance(pci, dict) else []
-    return sum(1 for device in devices if isinstance(device, dict) and is_gpu(device))
+    return sum(1 for device in devices if isinstance(device, dict) and Pci.from_entry(device).is_gpu)
 
 
 def _number(value: Any) -> float | None:

@@ -175,15 +175,6 @@ def jobs_from_resume_file(environ: Mapping[str, str]) -> dict[str, list[int]]:
         return {}
 
 
-def nodes_by_job(jobs: Mapping[str, Sequence[int]]) -> dict[int, list[str]]:
-    """The other direction of jobs_from_resume_file: each job's nodes in this resume, jobs in file order."""
-    out: dict[int, list[str]] = {}
-    for node, ids in jobs.items():
-        for job in ids:
-            out.setdefault(job, []).append(node)
-    return out
-
-
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 

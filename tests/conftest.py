@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import findings
 import onedfix
 import pytest
+import slurm_findings
 import vmnet
 from e2e_support import E2E, start_e2e
 from simfixtures import AUTH, fast_config
@@ -146,20 +146,20 @@ def slurm_factory(
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Let log sections of module-scoped clusters start at this test; findings go to its report."""
-    findings.running(item)
+    slurm_findings.running(item)
     for cluster in list(SlurmCluster.live):
         cluster.mark_logs()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """List the Slurm behaviour the real-controller tests measured (tests/findings.py)."""
+    """List the Slurm behaviour the real-controller tests measured (tests/slurm_findings.py)."""
     reports = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])]
     try:
         release = subprocess.run([find_binaries()["slurmctld"], "-V"], capture_output=True, text=True,
                                  timeout=10, check=False).stdout.strip() or "slurm ?"
     except (SlurmUnavailable, OSError, subprocess.SubprocessError):
         release = "no slurm"
-    found = findings.lines(reports, release)
+    found = slurm_findings.lines(reports, release)
     if found:
         terminalreporter.section("Slurm findings (release | what | measured | test)")
         for line in found:

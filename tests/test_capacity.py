@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from slurm_nebula_power.admission import Need, admit, may_retry
+from slurm_nebula_power.admission import COUNT, PLACEMENT, Need, Shortage, admit, may_retry
 from slurm_nebula_power.capacity import PciRequest, Pool, gpu_requests, held_by, label, usage
-from slurm_nebula_power.cooldown import COUNT, PLACEMENT, Shortage, ShortageLog
-from slurm_nebula_power.model import Host, PciDevice, hosts_from_xml
+from slurm_nebula_power.cooldown import ShortageLog
+from slurm_nebula_power.model import Host, Pci, PciDevice, hosts_from_xml
 from slurm_nebula_power.plan import dragged
+from slurm_nebula_power.shapes import pci_gpus
 
 GPU = PciRequest(vendor="10de", klass="0302")
 
@@ -30,6 +31,22 @@ def test_gpu_requests_are_the_templates_gpu_entries_not_its_nics() -> None:
     assert gpu_requests(template) == (GPU, PciRequest(vendor="10de", klass="0302", profile="1145"))
     assert gpu_requests({"CPU": "4"}) == ()
     assert label((GPU, GPU)) == "10de:0302"
+
+
+@pytest.mark.parametrize(("entry", "is_gpu"), [
+    ({"VENDOR": "10de", "CLASS": "0302"}, True),
+    ({"VENDOR": "1002"}, True),                       # a GPU vendor, no CLASS
+    ({"VENDOR": "8086"}, False),                      # another vendor without CLASS is not taken for a GPU
+    ({"VENDOR": "15b3", "CLASS": "0207"}, False),
+    ({"VENDOR": "10de", "CLASS": "0302", "TYPE": "nic"}, False),
+    ({"PROFILE": "nvidia-h100-1-10c"}, True),
+    ({"SHORT_ADDRESS": "41:00.0"}, True),             # one exact device by address
+    ({"VENDOR": "8086", "SHORT_ADDRESS": "41:00.0"}, False),
+    ({"DEVICE": "2330"}, False),
+])
+def test_one_gpu_rule_for_templates_capacity_and_vms(entry: dict[str, str], is_gpu: bool) -> None:
+    assert Pci.from_entry(entry).is_gpu is is_gpu
+    assert len(gpu_requests({"PCI": entry})) == pci_gpus(entry) == int(is_gpu)
 
 
 @pytest.mark.parametrize(("request_", "device", "match"), [

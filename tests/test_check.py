@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from findings import finding
 from simfixtures import AUTH, fast_config
+from slurm_findings import finding
 from slurmharness import SlurmCommandError, as_power_actions, recording_program, rewrite_lines
 from support import Setup, make_setup
 

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 from e2e_support import DONE, E2E, RESUME, SUSPEND, Durations, Stopwatch, job_script
-from findings import finding
+from slurm_findings import finding
 
 pytestmark = pytest.mark.slurm
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import E2E, Durations, Stopwatch, job_script
-from findings import finding
+from slurm_findings import finding
 from slurmharness import BACKUP_HOST, PRIMARY_HOST
 
 pytestmark = pytest.mark.slurm

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from slurm_nebula_power.model import ACTIVE, PENDING, RUNNING_LCM, Vm
-from slurm_nebula_power.pacing import GROWTH, STEP, Pacer, placing
+from slurm_nebula_power.pacing import GROWTH, STEP, Pacer, Waves, placing
+from slurm_nebula_power.plan import Plan
 
 SHORTAGE = "Mon Nov 30 10:00:00 2026: Cannot allocate VM. Not enough capacity in hosts 0,1"
 DISPATCH = "Tue Dec  1 08:53:32 2026: [HOST] Dispatch limit reached on hosts: 0,1,2,3,4,5,6,7,8,9"
@@ -60,3 +63,42 @@ def test_the_window_is_at_most_one_vm_per_host_that_takes_vms() -> None:
     assert Pacer(30, hosts=20).room(placing=0, unseen=0, waiting=100) == 20
     assert Pacer(30, hosts=100).room(placing=0, unseen=0, waiting=100) == 30
     assert Pacer(30, hosts=None).room(placing=0, unseen=0, waiting=100) == 30, "host pool unread"
+
+
+@dataclass
+class Node:
+    """What Waves reads of resume's Boot."""
+
+    node: str
+    deadline: float = 100.0
+    vm_id: int | None = None
+    future: object | None = None
+
+
+def test_waves_send_a_window_then_nothing_until_its_vms_are_placed() -> None:
+    waves: Waves[Node] = Waves(Pacer(2))
+    nodes = [Node(f"gpu{i:02d}") for i in range(5)]
+    waves.waiting.extend((n, Plan("instantiate")) for n in nodes)
+    first = waves.wave(placing=0, unseen=0)
+    assert [n for n, _ in first] == nodes[:2] and len(waves.waiting) == 3
+    assert waves.sends == [(nodes[:2], 2)]
+    assert waves.wave(placing=1, unseen=0) == [], "oned still places the last wave"
+
+
+def test_waves_look_only_at_sends_whose_calls_all_answered_and_report_each_change() -> None:
+    waves: Waves[Node] = Waves(Pacer(2))
+    nodes = [Node("gpu01", vm_id=1), Node("gpu02", vm_id=2, future=object())]
+    waves.waiting.extend((n, Plan("instantiate")) for n in nodes)
+    waves.wave(placing=0, unseen=0)
+    assert waves.look({1: vm(1)}) == [] and len(waves.sends) == 1, "gpu02's call is in flight"
+    nodes[1].future = None
+    assert waves.look({1: vm(1, state=ACTIVE), 2: vm(2, state=ACTIVE)}) == [(2, 2 * STEP, 0, 2)]
+    assert waves.sends == []
+
+
+def test_waves_expire_drops_settled_nodes_and_returns_those_past_their_deadline() -> None:
+    waves: Waves[Node] = Waves(Pacer(2))
+    done, late, fresh = Node("gpu01"), Node("gpu02", deadline=5.0), Node("gpu03")
+    waves.waiting.extend((n, Plan("instantiate")) for n in (done, late, fresh))
+    assert waves.expire({"gpu01"}, now=10.0) == [late]
+    assert [n for n, _ in waves.waiting] == [fresh]

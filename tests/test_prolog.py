@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from findings import finding
 from simfixtures import AUTH
+from slurm_findings import finding
 from slurmharness import SlurmCluster, pid_alive, recording_program, wait_for
 from support import Setup, make_setup
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import vmnet
-from findings import finding
+from slurm_findings import finding
 from slurmharness import (
     SlurmCluster,
     SlurmCommandError,

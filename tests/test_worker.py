@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import vmnet
-from findings import finding
+from slurm_findings import finding
 from slurmharness import SlurmCluster, stop_pid
 
 from opennebula_sim import Durations, SimConfig, Simulator, TemplateSpec, running_simulator

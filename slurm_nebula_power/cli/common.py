@@ -9,12 +9,12 @@ import os
 import pwd
 import sys
 import syslog
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..audit import AuditLog
 from ..config import Config, find_config, load_config
-from ..errors import ConfigError
+from ..errors import ConfigError, PowerError
 from ..files import UnsafeFile, open_file
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
@@ -189,3 +189,22 @@ def publish_metrics(config: Config, figures: RunFigures) -> None:
     """Merge one run's figures into [log] metrics_file, when it is set."""
     if config.log.metrics_file is not None:
         write_metrics(config.log.metrics_file, figures, owner=service_owner(config))
+
+
+def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None, environ: Mapping[str, str],
+                work: Callable[[argparse.Namespace, Config], Callable[[], int]], quiet_below: int | None = None) -> int:
+    """The commands that read and print: parse argv, load the configuration, quiet the library's log below
+    `quiet_below`, then `work`; a PowerError in any of that is the one error line (stderr only) and its exit
+    code. `work` returns what prints its result once nothing can fail, and gives the exit code."""
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        config = load(args, environ)
+        if quiet_below is not None:
+            quiet_logging(prog, quiet_below)
+        show = work(args, config)
+    except PowerError as exc:
+        report_error(prog, str(exc), quiet=True)
+        return exc.exit_code
+    return show()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from ..config import Config
 from ..errors import EXIT_OK, PowerError
 from ..shapes import generate, options_shape, read_shapes
 from ..slurm import slurm_version
-from .common import load, make_parser, open_cloud, parse, quiet_logging, report_error
+from .common import make_parser, open_cloud, run_command
 
 PROG = "slurm-nebula-power slurm-conf"
 
@@ -23,12 +25,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.epilog = ("A template OpenNebula cannot show is described from the node set's vcpu, memory_mb and "
                      "gpus options instead. exit: 0 printed, 3 configuration error, 4 a template could be "
                      "read neither from OpenNebula nor from the options")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    try:
-        config = load(args, env)
-        quiet_logging(PROG, logging.WARNING)
+
+    def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         shapes, notes = [], []
         for nodeset, shape, error in read_shapes(config, open_cloud(config, retry_seconds=5)):
             if shape is None:
@@ -40,8 +38,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 notes.append(f"{nodeset.nodes_expr}: template unreadable ({error}): from the node set's "
                              "options")
             shapes.append((nodeset, shape))
-    except PowerError as exc:
-        report_error(PROG, str(exc), quiet=True)
-        return exc.exit_code
-    print("\n".join(generate(config, shapes, slurm_version(config, env), notes)))
-    return EXIT_OK
+
+        def show() -> int:
+            print("\n".join(generate(config, shapes, slurm_version(config, env), notes)))
+            return EXIT_OK
+
+        return show
+
+    return run_command(PROG, parser, argv, env, work, quiet_below=logging.WARNING)

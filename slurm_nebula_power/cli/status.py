@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError, SlurmError
+from ..config import Config
+from ..errors import EXIT_NODES_FAILED, EXIT_OK, SlurmError
 from ..hostlists import expand
 from ..slurm import scontrol_for
 from ..statustable import capacity, prolog_line, render, render_capacity, table_rows
-from .common import load, make_parser, open_cloud, parse, quiet_logging, report_error
+from .common import make_parser, open_cloud, run_command
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -30,12 +32,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                         "(free, held by our VMs, by others); with --json print {\"nodes\": rows, \"capacity\": "
                         "[...]} instead of the list")
     parser.add_argument("--no-slurm", action="store_true", help="do not ask slurmctld (Slurm columns empty)")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    try:
-        config = load(args, env)
-        quiet_logging(prog, logging.WARNING)
+
+    def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         nodes = expand(args.hostlist) if args.hostlist else None
         states = None
         if not args.no_slurm:
@@ -46,16 +44,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         cloud = open_cloud(config)
         rows = table_rows(config, cloud, states, nodes)
         gpus = capacity(config, cloud) if args.capacity else None
-    except PowerError as exc:
-        report_error(prog, str(exc), quiet=True)
-        return exc.exit_code
-    footer = None if args.json else prolog_line(config)
-    if args.json:
-        print(json.dumps(rows if gpus is None else {"nodes": rows, "capacity": gpus}, indent=2))
-    else:
-        print(render(rows, not args.no_slurm))
-        if gpus is not None:
-            print(render_capacity(gpus))
-    if footer:
-        print(footer)
-    return EXIT_NODES_FAILED if any(r["problems"] for r in rows) else EXIT_OK
+
+        def show() -> int:
+            footer = None if args.json else prolog_line(config)
+            if args.json:
+                print(json.dumps(rows if gpus is None else {"nodes": rows, "capacity": gpus}, indent=2))
+            else:
+                print(render(rows, not args.no_slurm))
+                if gpus is not None:
+                    print(render_capacity(gpus))
+            if footer:
+                print(footer)
+            return EXIT_NODES_FAILED if any(r["problems"] for r in rows) else EXIT_OK
+
+        return show
+
+    return run_command(prog, parser, argv, env, work, quiet_below=logging.WARNING)

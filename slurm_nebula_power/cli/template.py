@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..config import Config, NodeSet
 from ..errors import EXIT_OK, PowerError, UsageError
 from ..slurmconf import gres_gpus, read_slurm_conf
 from ..template import gpus_of, pick_nodeset, render
-from .common import load, make_parser, parse, report_error
+from .common import make_parser, run_command
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -26,22 +27,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                         "its nodes (needed when there are several node sets)")
     parser.epilog = ("The output holds the munge key, a secret: redirect it to a file of mode 600. "
                      "exit: 0 printed, 2 no such node set, 3 configuration error")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    try:
-        config = load(args, env)
+
+    def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         index, nodeset = pick_nodeset(config, args.nodeset)
         text = render(config, index, nodeset)
         refuse_readable_output()
-    except PowerError as exc:
-        report_error(prog, str(exc), quiet=True)
-        return exc.exit_code
-    warning = gpu_mismatch(config, index, nodeset)
-    if warning:
-        print(f"{prog}: warning: {warning}", file=sys.stderr)
-    sys.stdout.write(text)
-    return EXIT_OK
+        warning = gpu_mismatch(config, index, nodeset)
+
+        def show() -> int:
+            if warning:
+                print(f"{prog}: warning: {warning}", file=sys.stderr)
+            sys.stdout.write(text)
+            return EXIT_OK
+
+        return show
+
+    return run_command(prog, parser, argv, env, work)
 
 
 def gpu_mismatch(config: Config, index: int, nodeset: NodeSet) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -9,10 +10,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError, UsageError
+from ..config import Config
+from ..errors import EXIT_NODES_FAILED, EXIT_OK, UsageError
 from ..usage import (
     GROUPS,
     audit_files,
@@ -25,7 +27,7 @@ from ..usage import (
     summarize,
     table_lines,
 )
-from .common import load, make_parser, open_cloud, parse, quiet_logging, report_error
+from .common import make_parser, open_cloud, run_command
 
 PROG = "slurm-nebula-power usage"
 
@@ -52,13 +54,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.add_argument("--file", metavar="PATH", action="append", type=Path,
                         help="read these record files instead of audit_file and its rotated copies (repeat; "
                         ".gz read too)")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
     now = time.time()
-    try:
-        config = load(args, env)
-        quiet_logging(PROG, logging.ERROR)  # retries are not news here: the outcome is
+
+    def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         since = parse_when(args.since, now) if args.since else None
         until = parse_when(args.until, now) if args.until else now
         if since is not None and since >= until:
@@ -81,27 +79,30 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             live = open_cloud(config, retry_seconds=min(config.opennebula.retry_seconds, 10.0)).cluster_vms(
                 config.slurm.cluster)
             disagree = disagreements(records, live, config.slurm.cluster, until)
-    except PowerError as exc:
-        report_error(PROG, str(exc), quiet=True)
-        return exc.exit_code
-    if args.json:
-        print(json.dumps({"by": args.by, "since": iso(since), "until": iso(until),
-                          "rows": [r.as_dict(args.by) for r in rows], "disagreements": disagree,
-                          "unreadable_lines": unreadable,
-                          "files": [str(p) for p in paths]}, indent=2))
-    elif args.csv:
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerows(table_lines(rows, args.by))
-        sys.stdout.write(out.getvalue())
-    else:
-        print(render(rows, args.by) if rows else "no usage in this window")
-        if disagree:
-            print("\ndisagreements with OpenNebula:")
-            print("\n".join(f"  {line}" for line in disagree))
-        elif disagree is not None:
-            print("\nthe records agree with OpenNebula's live VMs")
-    for line in unreadable[:5]:
-        print(f"{PROG}: warning: not a usage record: {line}", file=sys.stderr)
-    if len(unreadable) > 5:
-        print(f"{PROG}: warning: {len(unreadable) - 5} more lines are not usage records", file=sys.stderr)
-    return EXIT_NODES_FAILED if disagree else EXIT_OK
+
+        def show() -> int:
+            if args.json:
+                print(json.dumps({"by": args.by, "since": iso(since), "until": iso(until),
+                                  "rows": [r.as_dict(args.by) for r in rows], "disagreements": disagree,
+                                  "unreadable_lines": unreadable,
+                                  "files": [str(p) for p in paths]}, indent=2))
+            elif args.csv:
+                out = io.StringIO()
+                csv.writer(out, lineterminator="\n").writerows(table_lines(rows, args.by))
+                sys.stdout.write(out.getvalue())
+            else:
+                print(render(rows, args.by) if rows else "no usage in this window")
+                if disagree:
+                    print("\ndisagreements with OpenNebula:")
+                    print("\n".join(f"  {line}" for line in disagree))
+                elif disagree is not None:
+                    print("\nthe records agree with OpenNebula's live VMs")
+            for line in unreadable[:5]:
+                print(f"{PROG}: warning: not a usage record: {line}", file=sys.stderr)
+            if len(unreadable) > 5:
+                print(f"{PROG}: warning: {len(unreadable) - 5} more lines are not usage records", file=sys.stderr)
+            return EXIT_NODES_FAILED if disagree else EXIT_OK
+
+        return show
+
+    return run_command(PROG, parser, argv, env, work, quiet_below=logging.ERROR)  # retries are not news here

@@ -17,7 +17,7 @@ import pytest
 from opennebula_sim import Durations, SimConfig, running_simulator
 from opennebula_sim.handle import Simulator
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "opennebula-xml"
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "opennebula-xml"
 needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"reference documents not at {REFERENCE}")
 
 

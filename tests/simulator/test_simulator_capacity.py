@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import Iterator
 
 import pyone
 import pytest
 
-from opennebula_sim import Durations, SimConfig, default_hosts, running_simulator
+from opennebula_sim import Durations, SimConfig, default_hosts
 from opennebula_sim.cloud import sched_text
 from opennebula_sim.handle import Simulator
 
-TWO_GPUS = SimConfig(hosts=default_hosts(count=1, gpus=2), durations=Durations(0, 0, 0, 0))
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    with running_simulator(TWO_GPUS) as running:
-        yield running
-
-
-@pytest.fixture
-def one(sim: Simulator) -> pyone.OneServer:
-    return pyone.OneServer(sim.endpoint, session=sim.auth)
+# the simulator conftest's `sim` fixture runs
+SIM_CONFIG = TWO_GPUS = SimConfig(hosts=default_hosts(count=1, gpus=2), durations=Durations(0, 0, 0, 0))
 
 
 def _state(sim: Simulator, vm_id: int) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import xmlrpc.client
-from collections.abc import Iterator
 
 import pyone
 import pytest
@@ -12,18 +11,8 @@ import pytest
 from opennebula_sim import Durations, SimConfig, running_simulator
 from opennebula_sim.handle import Simulator
 
-FAST = SimConfig(durations=Durations(prolog=0, boot=0, shutdown=0, epilog=0))
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    with running_simulator(FAST) as running:
-        yield running
-
-
-@pytest.fixture
-def one(sim: Simulator) -> pyone.OneServer:
-    return pyone.OneServer(sim.endpoint, session=sim.auth)
+# the simulator conftest's `sim` fixture runs
+SIM_CONFIG = FAST = SimConfig(durations=Durations(prolog=0, boot=0, shutdown=0, epilog=0))
 
 
 def _running(sim: Simulator, vm_id: int) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyone
 import pytest
-from simfixtures import AUTH, vms_of
+from simfixtures import AUTH, fast_config, vms_of
 from support import make_setup
 
 from opennebula_sim import Durations, SimConfig, running_simulator
@@ -20,6 +20,8 @@ from opennebula_sim.cloud import HookEvent
 from opennebula_sim.hooks import context_file_text
 from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+
+SIM_CONFIG, SIM_AUTH = fast_config(), AUTH  # conftest's sim: the one the product's tests use (tests/conftest.py)
 
 
 def _running(sim, one, template_id: int = 0, name: str = "gpu01", extra: str = "") -> int:

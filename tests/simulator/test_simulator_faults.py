@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 import xmlrpc.client
-from collections.abc import Iterator
 
 import pyone
 import pytest
@@ -14,18 +13,8 @@ import requests
 from opennebula_sim import Durations, Faults, NetworkSpec, SimConfig, running_simulator
 from opennebula_sim.handle import Simulator
 
-FAST = SimConfig(durations=Durations(0, 0, 0, 0), network=NetworkSpec(cidr="127.3.0.0/16"))
-
-
-@pytest.fixture
-def sim() -> Iterator[Simulator]:
-    with running_simulator(FAST) as running:
-        yield running
-
-
-@pytest.fixture
-def one(sim: Simulator) -> pyone.OneServer:
-    return pyone.OneServer(sim.endpoint, session=sim.auth)
+# the simulator conftest's `sim` fixture runs
+SIM_CONFIG = FAST = SimConfig(durations=Durations(0, 0, 0, 0), network=NetworkSpec(cidr="127.3.0.0/16"))
 
 
 def test_latency_delays_every_call(sim: Simulator, one: pyone.OneServer) -> None:
