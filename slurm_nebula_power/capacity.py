@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .model import Host, Pci, PciDevice
+from .hosts import Host, PciDevice
+from .model import Pci
 
 
 def _hex(value: Any) -> int | None:

@@ -14,7 +14,8 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
-from .model import Host, Vm, host_gpus, hosts_from_xml, vms_from_xml
+from .hosts import Host, host_gpus, hosts_from_xml
+from .model import Vm, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from .config import NodeSet
 from .cooldown import ShortageLog
 from .errors import CloudError, QuotaExceeded
 from .hostlists import fold
-from .model import PENDING, Host, Vm
+from .hosts import Host
+from .model import PENDING, Vm
 from .operation import Context
 from .plan import Plan, dragged
 

@@ -15,7 +15,8 @@ from .backoff import Backoff
 from .config import Config
 from .errors import ActionRefused, CloudError, SlurmError, VmNotFound, first_line
 from .hostlists import fold
-from .model import ACTIVE, DONE, RUNNING_LCM, Host, Vm
+from .hosts import Host
+from .model import ACTIVE, DONE, RUNNING_LCM, Vm
 from .plan import removal_action
 from .slurm import SlurmControl
 

@@ -10,7 +10,8 @@ import pytest
 from slurm_nebula_power.admission import COUNT, PLACEMENT, Need, Shortage, admit, may_retry
 from slurm_nebula_power.capacity import PciRequest, Pool, gpu_requests, held_by, label, usage
 from slurm_nebula_power.cooldown import ShortageLog
-from slurm_nebula_power.model import Host, Pci, PciDevice, hosts_from_xml
+from slurm_nebula_power.hosts import Host, PciDevice, hosts_from_xml
+from slurm_nebula_power.model import Pci
 from slurm_nebula_power.plan import dragged
 from slurm_nebula_power.shapes import pci_gpus
 

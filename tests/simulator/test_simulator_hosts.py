@@ -12,7 +12,7 @@ import pytest
 
 from opennebula_sim import Durations, HostSpec, PciDevice, SimConfig, default_hosts, running_simulator
 from opennebula_sim.config import ConfigError, default_pci
-from slurm_nebula_power.model import hosts_from_xml
+from slurm_nebula_power.hosts import hosts_from_xml
 
 FAST = Durations(0, 0, 0, 0)
 
