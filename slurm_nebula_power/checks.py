@@ -239,7 +239,9 @@ def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: Sl
                         f"set RealMemory={fitting} ({MEMORY_RATIO:.0%})")
         if gpus != shape.gpus:
             report.problem(subject, f"Gres has {gpus} GPU(s) but {shape.source} gives {shape.gpus}",
-                           f"set Gres=gpu:{shape.gpus}" if shape.gpus else "remove gpu from Gres")
+                           f"set Gres=gpu:{shape.gpus}" if shape.gpus else
+                           "give the template its GPUs (set gpus in the node set and make it again with "
+                           "`slurm-nebula-power template`), or remove gpu from Gres")
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -253,7 +255,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     try:
         config = load_config(find_config(config_arg, environ), environ)
     except ConfigError as exc:
-        report.problem("configuration", str(exc), "see etc/nebula-power.toml")
+        report.problem("configuration", str(exc), "slurm-nebula-power example-config prints an example to start from")
         return report
     report.ok(f"configuration {config.path}", f"cluster {config.slurm.cluster}, {len(config.nodesets)} node "
               f"set(s), {len(config.all_nodes)} nodes")

@@ -290,8 +290,8 @@ def test_missing_configuration_is_one_problem(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert code == EXIT_NODES_FAILED
     assert out.splitlines() == [f"problem  configuration: {tmp_path / 'none.toml'}: no such configuration "
-                                "file; create it from etc/nebula-power.toml -> fix: see "
-                                "etc/nebula-power.toml"]
+                                f"file; create it: slurm-nebula-power example-config > {tmp_path / 'none.toml'} "
+                                "-> fix: slurm-nebula-power example-config prints an example to start from"]
 
 
 # ---- issue 15: what check says about the path to oned and who can write what ------------------------
