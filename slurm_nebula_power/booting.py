@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .config import NodeSet
-from .errors import CloudError, QuotaExceeded, SlurmError
+from .errors import CloudError, QuotaExceeded, SlurmError, SlurmUnreachable
 from .gate import Gate
 from .model import Vm, printable, valid_ip
 from .operation import REASON_LENGTH, Context, Outcome, cloud_reason
@@ -140,16 +140,21 @@ def set_addresses(ctx: Context, known: list[Boot], snapshot: Mapping[int, Vm],
     if not addresses:
         return keep
     instances = {b.node: b.vm_id for b in fresh if b.vm_id is not None}
+    unreachable = False
     for attempt in (1, 2):
         try:
             ctx.slurm.set_addresses(addresses, instances)
         except SlurmError as exc:
+            unreachable = isinstance(exc, SlurmUnreachable)
             log.error("could not set node addresses (attempt %d of 2): %s", attempt, exc)
             continue
         for boot in fresh:
             boot.addr = addresses[boot.node]
         return keep
-    failures["slurmctld refused the node address update"].extend(fresh)
+    # Unreachable is not refused: the log and the records say which (the hand-back may not arrive either).
+    reason = "slurmctld unreachable: node address update not delivered" if unreachable else \
+        "slurmctld refused the node address update"
+    failures[reason].extend(fresh)
     return [b for b in keep if b.node not in addresses]
 
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import pwd
 import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
-from .findings import Report, check_files, check_ownership, check_transport
+from .findings import Report, check_files, check_ownership, check_program_access, check_transport
 from .hostlists import fold
 from .operation import Cloud
 from .shapes import (
@@ -24,6 +26,8 @@ from .shapes import (
 )
 from .slurm import find_scontrol, slurm_version
 from .slurmchecks import (
+    check_cluster_name,
+    check_configless,
     check_coverage,
     check_poweroff,
     check_programs,
@@ -32,6 +36,7 @@ from .slurmchecks import (
     check_timers,
 )
 from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
+from .template import worker_script
 
 STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
 STOCK_MAX_CONN = 15  # oned.conf MAX_CONN (XML-RPC connections served at once) as shipped
@@ -121,6 +126,52 @@ def check_onegate(report: Report, config: Config, cloud: Cloud) -> None:
                        "endpoint was not defined in oned.conf.\"), whatever wait_for says",
                        "set ONEGATE_ENDPOINT in oned.conf to OneGate's URL as the VMs reach it (e.g. "
                        "http://<front end>:5030), restart oned and run onegate-server")
+
+
+def check_template_context(report: Report, config: Config, cloud: Cloud) -> None:
+    """The CONTEXT of each worker node set's template (one with a `controller`) against what `template` would
+    print: SLURM_CONTROLLER, the munge key (compared, never shown) and this version's bootstrap."""
+    script = base64.b64encode(worker_script()).decode()
+    for nodeset in config.nodesets:
+        controller = nodeset.options.get("controller")
+        if not controller:
+            continue
+        subject = f"node set {nodeset.nodes_expr} template {nodeset.template!r} CONTEXT"
+        try:
+            context = cloud.template(cloud.template_id(nodeset.template)).get("CONTEXT")
+        except CloudError:
+            continue  # check_templates has said why
+        context = context if isinstance(context, Mapping) else {}
+        remake = "make the template again: slurm-nebula-power template, then onetemplate update"
+        missing = [k for k in ("SLURM_NODENAME", "SLURM_CONTROLLER", "MUNGE_KEY_BASE64", "START_SCRIPT_BASE64")
+                   if not context.get(k)]
+        if missing:
+            report.problem(subject, f"lacks {', '.join(missing)}: the worker bootstrap refuses to start slurmd",
+                           remake)
+            continue
+        before = len(report.findings)
+        if str(context["SLURM_CONTROLLER"]) != str(controller):
+            report.problem(subject, f"SLURM_CONTROLLER is {context['SLURM_CONTROLLER']}, the node set's "
+                           f"controller {controller}", remake)
+        key = _munge_key(nodeset)
+        if key is not None and str(context["MUNGE_KEY_BASE64"]) != base64.b64encode(key).decode():
+            report.problem(subject, "MUNGE_KEY_BASE64 is not the key in the node set's munge_key_file: the "
+                           "nodes' munge credentials fail", remake)
+        if str(context["START_SCRIPT_BASE64"]) != script:
+            report.warn(subject, "START_SCRIPT_BASE64 is another bootstrap than this version's (an older "
+                        "template, or edited by hand)", remake + " (docs/upgrading.md)")
+        if len(report.findings) == before:
+            report.ok(subject, "controller, " + ("munge key " if key is not None else "") +
+                      "and bootstrap as `template` prints them" + ("" if key is not None else
+                                                                  " (the munge key not compared: run check as root)"))
+
+
+def _munge_key(nodeset: NodeSet) -> bytes | None:
+    path = nodeset.options.get("munge_key_file")
+    try:
+        return Path(str(path)).read_bytes() if path else None
+    except OSError:
+        return None  # readable by root and munge only: run check as root to compare it
 
 
 def check_capacity(report: Report, config: Config, cloud: Cloud) -> None:
@@ -239,7 +290,9 @@ def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: Sl
                         f"set RealMemory={fitting} ({MEMORY_RATIO:.0%})")
         if gpus != shape.gpus:
             report.problem(subject, f"Gres has {gpus} GPU(s) but {shape.source} gives {shape.gpus}",
-                           f"set Gres=gpu:{shape.gpus}" if shape.gpus else "remove gpu from Gres")
+                           f"set Gres=gpu:{shape.gpus}" if shape.gpus else
+                           "give the template its GPUs (set gpus in the node set and make it again with "
+                           "`slurm-nebula-power template`), or remove gpu from Gres")
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -253,11 +306,12 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     try:
         config = load_config(find_config(config_arg, environ), environ)
     except ConfigError as exc:
-        report.problem("configuration", str(exc), "see etc/nebula-power.toml")
+        report.problem("configuration", str(exc), "slurm-nebula-power example-config prints an example to start from")
         return report
     report.ok(f"configuration {config.path}", f"cluster {config.slurm.cluster}, {len(config.nodesets)} node "
               f"set(s), {len(config.all_nodes)} nodes")
     conf = None
+    slurm_user: pwd.struct_passwd | None = None
     assert config.slurm.slurm_conf is not None
     try:
         conf = read_slurm_conf(config.slurm.slurm_conf)
@@ -266,7 +320,8 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     if conf is not None:
         name = conf.get("SlurmUser")
         try:
-            check_files(report, config, pwd.getpwnam(name))
+            slurm_user = pwd.getpwnam(name)
+            check_files(report, config, slurm_user)
         except KeyError:
             report.problem("slurm.conf SlurmUser", f"{name} does not exist on this host",
                            "run check on the slurmctld host, or create the user")
@@ -280,6 +335,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     if cloud is not None:
         check_templates(report, config, cloud, conf)
         check_onegate(report, config, cloud)
+        check_template_context(report, config, cloud)
         check_capacity(report, config, cloud)
     if conf is not None:
         check_coverage(report, config, conf)
@@ -287,5 +343,9 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         check_timers(report, config, conf)
         check_programs(report, conf, slurm_version(config, environ))
         check_prolog(report, config, conf)
+        check_configless(report, config, conf)
+        check_cluster_name(report, config, conf)
+        if slurm_user is not None:
+            check_program_access(report, conf, slurm_user)
     check_poweroff(report, config)
     return report

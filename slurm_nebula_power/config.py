@@ -146,7 +146,7 @@ def find_config(explicit: str | None, environ: Mapping[str, str]) -> Path:
         return SYSTEM_CONFIG
     raise ConfigError(
         f"no configuration found: pass --config PATH, set {ENV_CONFIG}, or create {CONFIG_NAME} "
-        f"beside slurm.conf or at {SYSTEM_CONFIG} (see etc/nebula-power.toml)"
+        f"beside slurm.conf or at {SYSTEM_CONFIG} (see `slurm-nebula-power example-config`)"
     )
 
 
@@ -271,7 +271,8 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
         with path.open("rb") as handle:
             data = tomllib.load(handle)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such configuration file; create it from etc/nebula-power.toml") from None
+        raise ConfigError(f"{path}: no such configuration file; create it: slurm-nebula-power example-config "
+                          f"> {path}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}; make it readable by SlurmUser") from None
     except tomllib.TOMLDecodeError as exc:
@@ -283,7 +284,7 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
             raise reader.fail(section, "unknown section; known: " + ", ".join(f"[{s}]" for s in SCHEMA))
     for required in ("opennebula", "nodeset"):
         if required not in data:
-            raise reader.fail(f"[{required}]", "missing section; add it (see etc/nebula-power.toml)")
+            raise reader.fail(f"[{required}]", "missing section; add it (see `slurm-nebula-power example-config`)")
     one = reader.table(data["opennebula"], "opennebula", SCHEMA["opennebula"])
     auth_file = _relative_to(base, one.pop("auth_file"))
     opennebula = OneConfig(auth_file=auth_file, session=read_session(auth_file, path), **one)

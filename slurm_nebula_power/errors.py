@@ -38,6 +38,10 @@ class SlurmError(PowerError):
     """scontrol failed or could not be run."""
 
 
+class SlurmUnreachable(SlurmError):
+    """slurmctld did not answer scontrol (down, or not reachable): nothing was refused."""
+
+
 class CloudError(PowerError):
     """OpenNebula refused or failed a call."""
 

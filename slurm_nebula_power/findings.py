@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .config import Config
+from .slurmconf import SlurmConf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 R, W, X = os.R_OK, os.W_OK, os.X_OK
@@ -123,6 +124,43 @@ def check_files(report: Report, config: Config, user: pwd.struct_passwd) -> None
     if metrics is not None:  # written to a temporary file beside it, then renamed: the directory must be writable
         _access(report, user, f"metrics_file {metrics}", writable(user, metrics.parent, True),
                 f"mkdir -p {metrics.parent} && chown {name} {metrics.parent} (node_exporter's textfile directory)")
+
+
+def check_program_access(report: Report, conf: SlurmConf, user: pwd.struct_passwd) -> None:
+    """SlurmUser can run each program slurm.conf names: the file, and its interpreter (#! line, links
+    followed) with every directory on the way; mode bits alone passed a venv whose python lived in
+    root's home."""
+    keys = ("ResumeProgram", "SuspendProgram", "ResumeFailProgram", "PrologSlurmctld")
+    for key in keys:
+        value = conf.params.get(key.lower(), "")
+        if not value or not os.path.isabs(value) or not os.path.exists(value):
+            continue  # check_programs says what is wrong with it
+        program = Path(value)
+        blocked = [] if allowed(user, program, R | X) is not False else [str(program)]
+        interpreter = _interpreter(program)
+        if interpreter is not None:
+            resolved = Path(os.path.realpath(interpreter))
+            if allowed(user, resolved, X) is False:
+                blocked.append(f"its interpreter {interpreter}" + (f" ({resolved})" if str(resolved) !=
+                                                                   interpreter else ""))
+        if blocked:
+            report.problem(f"slurm.conf {key}", f"SlurmUser {user.pw_name} cannot run {' nor '.join(blocked)} "
+                           "(a directory on the way, or the file, lacks the permission)",
+                           "install slurm-nebula-power where SlurmUser can reach it, e.g. python3 -m venv "
+                           "/opt/slurm-nebula-power with the system's python3")
+
+
+def _interpreter(program: Path) -> str | None:
+    """The interpreter of a script's #! line, or None."""
+    try:
+        with program.open("rb") as handle:
+            first = handle.readline(4096)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    return words[0] if words else None
 
 
 def others_can_write(path: Path) -> bool:

@@ -54,6 +54,8 @@ REASON_CATEGORIES: tuple[tuple[str, str], ...] = (
     ("template ", "template"),
     ("opennebula", "api_error"),
     ("hand back failed", "slurm_error"),
+    ("slurmctld unreachable", "slurm_error"),
+    ("node address update", "slurm_error"),  # slurmctld refused it
     ("alive while its node is powered down", "orphan_vm"),
     ("poweroff", "vm_off"),
     ("undeployed", "vm_off"),

@@ -10,7 +10,7 @@ from typing import Any
 
 from .backoff import Backoff
 from .booting import Boot, Step, collect_calls, judge, not_ready_up, set_addresses
-from .errors import CloudError, first_line
+from .errors import CloudError, TransientCloudError, first_line
 from .gate import Gate
 from .hostlists import fold
 from .model import PENDING, Vm, ours_by_node
@@ -127,7 +127,10 @@ class _Resume:
             except CloudError as exc:
                 log.error("node set %s: template %r: %s", nodeset.nodes_expr, nodeset.template, exc)
                 bad = [b.node for b in boots if b.nodeset is nodeset]
-                hand_back(ctx, self.outcome, bad, f"template {nodeset.template}: {first_line(exc, REASON_LENGTH)}")
+                # OpenNebula unreachable (or its answer unreadable) is no fault of the template: say so
+                why = cloud_reason(exc) if isinstance(exc, TransientCloudError) else \
+                    f"template {nodeset.template}: {first_line(exc, REASON_LENGTH)}"
+                hand_back(ctx, self.outcome, bad, why)
                 boots = [b for b in boots if b.nodeset is not nodeset]
         return boots
 

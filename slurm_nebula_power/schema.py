@@ -64,7 +64,7 @@ class Reader:
             dotted = f"{name}.{key}"
             if key not in data:
                 if spec.default is REQUIRED:
-                    raise self.fail(dotted, "missing; add it (see etc/nebula-power.toml)")
+                    raise self.fail(dotted, "missing; add it (see `slurm-nebula-power example-config`)")
                 out[key] = spec.default
                 continue
             value: Any = data[key]

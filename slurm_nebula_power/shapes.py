@@ -14,7 +14,7 @@ from typing import Any
 
 from . import __version__
 from .config import Config, NodeSet
-from .errors import CloudError, first_line
+from .errors import CloudError, TransientCloudError, first_line
 from .hostlists import fold
 from .model import Pci
 from .operation import Cloud
@@ -72,13 +72,19 @@ def options_shape(nodeset: NodeSet) -> Shape | None:
     return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), int(opts.get("gpus", 0)), "node set options")
 
 
-def read_shapes(config: Config, cloud: Cloud) -> list[tuple[NodeSet, Shape | None, str]]:
-    """Per node set: its template's Shape, or None and why it could not be read."""
+def read_shapes(config: Config, cloud: Cloud, unreachable_raises: bool = False
+                ) -> list[tuple[NodeSet, Shape | None, str]]:
+    """Per node set: its template's Shape, or None and why it could not be read. unreachable_raises: an
+    OpenNebula that does not answer (TransientCloudError) is raised, not blamed on each template."""
     out: list[tuple[NodeSet, Shape | None, str]] = []
     for nodeset in config.nodesets:
         try:
             tid = cloud.template_id(nodeset.template)
             out.append((nodeset, template_shape(cloud.template(tid), tid), ""))
+        except TransientCloudError:
+            if unreachable_raises:
+                raise
+            out.append((nodeset, None, "OpenNebula did not answer"))
         except CloudError as exc:
             out.append((nodeset, None, first_line(exc)))
     return out

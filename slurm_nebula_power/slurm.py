@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .config import Config
-from .errors import PowerError, SlurmError
+from .errors import PowerError, SlurmError, SlurmUnreachable
 from .hostlists import expand, fold
 from .model import printable
 
@@ -194,11 +194,15 @@ class Scontrol:
         try:
             done = self.runner(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                timeout=self.timeout, env=dict(self.env), check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmUnreachable(f"{self.path} {' '.join(args[:2])}: {exc}") from None
+        except OSError as exc:
             raise SlurmError(f"{self.path} {' '.join(args[:2])}: {exc}") from None
         if check and done.returncode != 0:
-            raise SlurmError(f"scontrol {' '.join(args)} failed ({done.returncode}): "
-                             f"{(done.stderr or done.stdout).strip()}")
+            said = (done.stderr or done.stdout).strip()
+            # scontrol's words when no controller answers (slurmctld down, or no route to it)
+            error = SlurmUnreachable if "Unable to contact slurm controller" in said else SlurmError
+            raise error(f"scontrol {' '.join(args)} failed ({done.returncode}): {said}")
         return done.stdout
 
     def version(self) -> tuple[int, int]:

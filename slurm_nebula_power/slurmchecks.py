@@ -164,6 +164,32 @@ def _options(conf: SlurmConf, key: str) -> list[str]:
     return [o.strip().lower().partition("=")[0] for o in conf.get(key).split(",") if o.strip()]
 
 
+def check_configless(report: Report, config: Config, conf: SlurmConf) -> None:
+    """Node sets whose workers fetch slurm.conf from slurmctld (a `controller` option: the template's
+    SLURM_CONTROLLER, slurmd --conf-server) need enable_configless in the SlurmctldParameters slurmctld
+    uses: the last such line, which replaces every earlier one (tested against the real slurmctld)."""
+    workers = ", ".join(ns.nodes_expr for ns in config.nodesets if ns.options.get("controller"))
+    if not workers:
+        return
+    subject = "slurm.conf SlurmctldParameters"
+    if "enable_configless" in _options(conf, "SlurmctldParameters"):
+        report.ok(subject, f"enable_configless, for the configless workers of {workers}")
+    else:
+        report.problem(subject, f"lacks enable_configless (only the last SlurmctldParameters line counts): the "
+                       f"workers of {workers} start slurmd with --conf-server and get no configuration",
+                       "add enable_configless to the last SlurmctldParameters line")
+
+
+def check_cluster_name(report: Report, config: Config, conf: SlurmConf) -> None:
+    """[slurm] cluster, when set, is slurm.conf's ClusterName: VMs are tagged and found by it."""
+    name = conf.get("ClusterName")
+    if name and config.slurm.cluster != name:
+        report.problem("[slurm] cluster", f"is {config.slurm.cluster!r} but slurm.conf says ClusterName={name}: "
+                       "the VMs are tagged for another cluster than the one slurmctld runs, and a second "
+                       f"installation for {name} would not know them",
+                       "remove [slurm] cluster (it defaults to ClusterName), or make the two the same")
+
+
 def check_release_settings(report: Report, conf: SlurmConf, version: tuple[int, int] | None) -> None:
     """Power-saving settings whose meaning depends on the Slurm release (docs/SLURM-FINDINGS.md)."""
     release = "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"

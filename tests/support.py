@@ -39,6 +39,9 @@ elif sys.argv[1:3] == ["show", "job"]:
             print("slurm_load_jobs " + text, file=sys.stderr)
             sys.exit(1)
         print(text, end="")
+if os.path.exists(os.path.join(here, "scontrol.unreachable")) and sys.argv[1:2] == ["update"]:  # slurmctld down
+    print("slurm_update error: Unable to contact slurm controller (connect failure)", file=sys.stderr)
+    sys.exit(1)
 refuse = os.path.join(here, "scontrol.refuse")  # an argument holding this text is refused, like slurmctld
 if os.path.exists(refuse) and any(open(refuse).read().strip() in arg for arg in sys.argv[1:]):
     print("slurm_update error: Invalid node name specified", file=sys.stderr)

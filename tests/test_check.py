@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 import json
+import os
 import pwd
 import re
+import shutil
+import sys
+import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,7 +22,7 @@ from slurm_findings import finding
 from slurmharness import SlurmCommandError, as_power_actions, recording_program, rewrite_lines
 from support import Setup, make_setup
 
-from opennebula_sim import TemplateSpec, running_simulator
+from opennebula_sim import Durations, SimConfig, TemplateSpec, default_hosts, running_simulator
 from slurm_nebula_power.cli import check
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
@@ -290,8 +298,8 @@ def test_missing_configuration_is_one_problem(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert code == EXIT_NODES_FAILED
     assert out.splitlines() == [f"problem  configuration: {tmp_path / 'none.toml'}: no such configuration "
-                                "file; create it from etc/nebula-power.toml -> fix: see "
-                                "etc/nebula-power.toml"]
+                                f"file; create it: slurm-nebula-power example-config > {tmp_path / 'none.toml'} "
+                                "-> fix: slurm-nebula-power example-config prints an example to start from"]
 
 
 # ---- issue 15: what check says about the path to oned and who can write what ------------------------
@@ -584,3 +592,135 @@ def test_a_lock_audit_or_metrics_directory_others_can_write_is_a_problem_unless_
     assert flagged == {"lock_dir", "audit_file's", "metrics_file's"}, found
     [line] = [p for p in found if p.startswith(f"metrics_file's directory {site.root}:")]
     assert f"writable by {who}, without the sticky bit" in line and f"chmod go-w {site.root}" in line
+
+
+# ---- issue 25: what check passed and later failed -------------------------------------------------------
+
+WORKERS = """\
+[[nodeset]]
+nodes = "gpu[01-04]"
+template = "slurm-h100"
+gpus = 1
+vcpu = 8
+memory_mb = 16384
+network = "slurm-net"
+controller = "ctl.example:6817"
+munge_key_file = "{key}"
+"""
+
+
+def worker_site(tmp_path: Path, context_edit=None, key: bytes = bytes(range(64))):
+    """A site whose node set's template is what `template` prints (edited by context_edit), in a simulator."""
+    from slurm_nebula_power.cli import template as template_cmd
+
+    key_file = tmp_path / "munge.key"
+    key_file.write_bytes(key)
+    setup = make_setup(tmp_path / "site", "http://127.0.0.1:9/RPC2", AUTH, nodesets=WORKERS.format(key=key_file))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert template_cmd.main([], setup.env) == EXIT_OK
+    body = printed.getvalue() if context_edit is None else context_edit(printed.getvalue())
+    return setup, SimConfig(hosts=default_hosts(2, 4), durations=Durations(0, 0, 0, 0),
+                            templates=(TemplateSpec(id=0, name="slurm-h100", body=body),))
+
+
+def context_findings(tmp_path, capsys, context_edit=None, key_now: bytes | None = None):
+    setup, sim_config = worker_site(tmp_path, context_edit)
+    if key_now is not None:
+        Path(tomllib.loads(setup.config.read_text())["nodeset"][0]["munge_key_file"]).write_bytes(key_now)
+    with running_simulator(sim_config, auth=AUTH) as sim:
+        setup.config.write_text(setup.config.read_text().replace("http://127.0.0.1:9/RPC2", sim.endpoint))
+        _, found = findings(setup, capsys)
+    return [f for f in found if f["subject"].endswith("template 'slurm-h100' CONTEXT")]
+
+
+def test_a_template_as_template_prints_it_passes_its_context_check(tmp_path, capsys) -> None:
+    [said] = context_findings(tmp_path, capsys)
+    assert said["level"] == "ok" and "controller, munge key and bootstrap" in said["text"]
+
+
+@pytest.mark.parametrize(("edit", "level", "text"), [
+    (lambda t: re.sub(r'\n  SLURM_CONTROLLER = "[^"]*",', "", t), "problem", "lacks SLURM_CONTROLLER"),
+    (lambda t: re.sub(r'\n  MUNGE_KEY_BASE64 = "[^"]*",', "", t), "problem", "lacks MUNGE_KEY_BASE64"),
+    (lambda t: t.replace('SLURM_CONTROLLER = "ctl.example:6817"', 'SLURM_CONTROLLER = "old-ctl"'), "problem",
+     "SLURM_CONTROLLER is old-ctl, the node set's controller ctl.example:6817"),
+    (lambda t: re.sub(r'START_SCRIPT_BASE64 = "[^"]*"', 'START_SCRIPT_BASE64 = "'
+                      + base64.b64encode(b"#!/bin/sh\n# an older bootstrap\n").decode() + '"', t),
+     "warning", "another bootstrap than this version's"),
+], ids=["no-controller", "no-munge-key", "other-controller", "old-bootstrap"])
+def test_a_template_context_that_would_fail_the_worker_is_found(tmp_path, capsys, edit, level, text) -> None:
+    # issue 25: check never read the template's CONTEXT
+    [said] = context_findings(tmp_path, capsys, edit)
+    assert said["level"] == level and text in said["text"], said
+    assert "slurm-nebula-power template" in said["fix"]
+
+
+def test_a_template_with_another_munge_key_is_a_problem_and_no_key_is_shown(tmp_path, capsys) -> None:
+    new_key = bytes(range(64, 128))
+    [said] = context_findings(tmp_path, capsys, key_now=new_key)
+    assert said["level"] == "problem" and "is not the key in the node set's munge_key_file" in said["text"]
+    assert base64.b64encode(new_key).decode() not in json.dumps(said)
+
+
+@pytest.mark.parametrize("last", ["SlurmctldParameters=idle_on_node_suspend",
+                                  "SlurmctldParameters=idle_on_node_suspend,enable_configless"])
+def test_configless_is_judged_by_the_last_slurmctld_parameters_line(tmp_path, capsys, last) -> None:
+    # issue 25: enable_configless lost to a later SlurmctldParameters= line passed check
+    setup, sim_config = worker_site(tmp_path)
+    rewrite_lines(setup.root / "slurm.conf", lambda lines: [*lines, "SlurmctldParameters=enable_configless", last])
+    with running_simulator(sim_config, auth=AUTH) as sim:
+        setup.config.write_text(setup.config.read_text().replace("http://127.0.0.1:9/RPC2", sim.endpoint))
+        _, found = findings(setup, capsys)
+    [said] = [f for f in found if f["subject"] == "slurm.conf SlurmctldParameters"]
+    if "enable_configless" in last:
+        assert said["level"] == "ok", said
+    else:
+        assert said["level"] == "problem" and "only the last SlurmctldParameters line counts" in said["text"]
+        assert said["fix"] == "add enable_configless to the last SlurmctldParameters line"
+
+
+@pytest.mark.slurm
+def test_the_real_slurmctld_keeps_only_the_last_slurmctld_parameters_line(slurm_factory) -> None:
+    """What the configless check relies on: a later SlurmctldParameters line replaces an earlier one."""
+    cluster = slurm_factory(nodes=["spare1"])
+    rewrite_lines(cluster.conf, lambda lines: [*lines, "SlurmctldParameters=enable_configless",
+                                               "SlurmctldParameters=idle_on_node_suspend"])
+    cluster.restart_slurmctld(clear_state=True)
+    [line] = [x for x in cluster.scontrol("show", "config").splitlines() if x.startswith("SlurmctldParameters")]
+    finding("SlurmctldParameters=enable_configless, then SlurmctldParameters=idle_on_node_suspend: in force",
+            line.split("=", 1)[1].strip())
+    assert "enable_configless" not in line and "idle_on_node_suspend" in line, line
+
+
+def test_a_cluster_name_other_than_slurm_conf_s_is_a_problem(site, capsys) -> None:
+    # issue 25: [slurm] cluster = "prod" while slurm.conf says ClusterName=adm passed check
+    edit(site.config, "[slurm]\n", '[slurm]\ncluster = "prod"\n')
+    code, found = problems(site, capsys)
+    [said] = [p for p in found if p.startswith("[slurm] cluster")]
+    assert code == EXIT_NODES_FAILED and "is 'prod' but slurm.conf says ClusterName=testcluster" in said
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make directories the slurm user cannot enter")
+def test_a_program_whose_interpreter_slurmuser_cannot_reach_is_a_problem(site, capsys, tmp_path) -> None:
+    # issue 25: check looked at the mode bits only; a venv whose python lived in root's home passed
+    try:
+        pwd.getpwnam("slurm")
+    except KeyError:
+        pytest.skip("needs the slurm user (Debian's slurmctld package makes it)")
+    private = tmp_path / "root-home"
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    python.symlink_to(sys.executable)
+    public = Path(tempfile.mkdtemp(prefix="snp-prog-", dir="/tmp"))
+    try:
+        public.chmod(0o755)
+        program = public / "slurm-nebula-resume"
+        program.write_text(f"#!{python}\nprint('resume')\n")
+        program.chmod(0o755)
+        rewrite_lines(site.root / "slurm.conf", lambda lines: [
+            *(x for x in lines if not x.startswith("SlurmUser=")), "SlurmUser=slurm", f"ResumeProgram={program}"])
+        _, found = problems(site, capsys)
+        [said] = [p for p in found if p.startswith("slurm.conf ResumeProgram")]
+        assert f"SlurmUser slurm cannot run its interpreter {python}" in said
+    finally:
+        shutil.rmtree(public, ignore_errors=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..audit import AuditLog
 from ..config import Config, find_config, load_config
-from ..errors import ConfigError, PowerError
+from ..errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
 from ..files import UnsafeFile, open_file
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
@@ -133,6 +133,31 @@ def load(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     return load_config(find_config(args.config, environ), environ)
 
 
+# Seconds an operator command (status, reconcile, usage, slurm-conf, template) retries a failing call: a
+# person waits for it, so a down endpoint is one error line in seconds, not a minute of retries; the
+# programs slurmctld runs keep [opennebula] retry_seconds.
+INTERACTIVE_RETRY = 2.0
+
+
+def interactive_cloud(config: Config) -> Cloud:
+    """The OpenNebula client of an operator command: its retries end within INTERACTIVE_RETRY seconds."""
+    return open_cloud(config, retry_seconds=min(config.opennebula.retry_seconds, INTERACTIVE_RETRY))
+
+
+def cloud_error_line(config: Config, exc: CloudError) -> str:
+    """The one error line of an operator command that OpenNebula failed: the endpoint, the auth file and
+    what to do, not only oned's words ("User couldn't be authenticated" named neither)."""
+    one = config.opennebula
+    said = first_line(exc, 200)
+    if isinstance(exc, CloudAuthError):
+        return (f"OpenNebula at {one.endpoint} refused user {one.user} ({said}): put valid credentials "
+                f"(user:password or user:token) in {one.auth_file}")
+    if isinstance(exc, TransientCloudError):
+        return (f"cannot reach OpenNebula at {one.endpoint} ({said}): check [opennebula] endpoint in "
+                f"{config.path}, that oned runs and that this host reaches it (credentials: {one.auth_file})")
+    return f"OpenNebula at {one.endpoint}: {said}"
+
+
 def open_cloud(config: Config, retry_seconds: float | None = None) -> Cloud:
     """The real OpenNebula client."""
     # Imported here, not at the top: pyone costs ~0.13 s to import, and --help, --version and the prolog
@@ -143,10 +168,11 @@ def open_cloud(config: Config, retry_seconds: float | None = None) -> Cloud:
 
 
 def build_context(config: Config, environ: Mapping[str, str], slurm: SlurmControl | None = None,
-                  **options: object) -> Context:
+                  interactive: bool = False, **options: object) -> Context:
     """Wire the real cloud and Slurm (or the given one) into an operation Context."""
     control = scontrol_for(config, environ) if slurm is None else slurm
-    return Context(config=config, cloud=open_cloud(config), slurm=control, owner=service_owner(config),
+    cloud = interactive_cloud(config) if interactive else open_cloud(config)
+    return Context(config=config, cloud=cloud, slurm=control, owner=service_owner(config),
                    **options)  # type: ignore[arg-type]
 
 
@@ -199,12 +225,14 @@ def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] 
     args = parse(parser, argv)
     if isinstance(args, int):
         return args
+    config: Config | None = None
     try:
         config = load(args, environ)
         if quiet_below is not None:
             quiet_logging(prog, quiet_below)
         show = work(args, config)
     except PowerError as exc:
-        report_error(prog, str(exc), quiet=True)
+        cloud = config is not None and isinstance(exc, CloudError)
+        report_error(prog, cloud_error_line(config, exc) if cloud else str(exc), quiet=True)  # type: ignore[arg-type]
         return exc.exit_code
     return show()

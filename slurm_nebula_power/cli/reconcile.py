@@ -10,13 +10,14 @@ from collections.abc import Mapping, Sequence
 
 from ..audit import AuditLog
 from ..drift import Diagnosis, NodeView, reconcile
-from ..errors import EXIT_NODES_FAILED, EXIT_OK, PowerError
+from ..errors import EXIT_NODES_FAILED, EXIT_OK, CloudError, PowerError
 from ..hostlists import expand, fold
 from ..metrics import RunFigures
 from ..records import reason_category
 from ..slurm import OFF, STARTING, STOPPING, UP, scontrol_for
 from .common import (
     build_context,
+    cloud_error_line,
     load,
     make_parser,
     parse,
@@ -58,13 +59,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return exc.exit_code
     recorder = AuditLog(None if args.dry_run else config.log.audit_file, "reconcile", config.slurm.cluster,
                         owner=service_owner(config))
-    ctx = build_context(config, env, slurm=scontrol, recorder=recorder)
+    ctx = build_context(config, env, slurm=scontrol, recorder=recorder, interactive=True)
     seen = Survey()
     outcome = None
     try:
         outcome = reconcile(ctx, scontrol.show_all_nodes, nodes, args.dry_run, observe=seen)
     except PowerError as exc:
-        report_error(prog, str(exc))
+        report_error(prog, cloud_error_line(config, exc) if isinstance(exc, CloudError) else str(exc))
         return exc.exit_code
     finally:
         recorder.close()

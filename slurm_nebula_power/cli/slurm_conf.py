@@ -11,7 +11,7 @@ from ..config import Config
 from ..errors import EXIT_OK, PowerError
 from ..shapes import generate, options_shape, read_shapes
 from ..slurm import slurm_version
-from .common import make_parser, open_cloud, run_command
+from .common import interactive_cloud, make_parser, run_command
 
 PROG = "slurm-nebula-power slurm-conf"
 
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         shapes, notes = [], []
-        for nodeset, shape, error in read_shapes(config, open_cloud(config, retry_seconds=5)):
+        for nodeset, shape, error in read_shapes(config, interactive_cloud(config), unreachable_raises=True):
             if shape is None:
                 shape = options_shape(nodeset)
                 if shape is None:

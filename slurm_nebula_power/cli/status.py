@@ -14,7 +14,7 @@ from ..errors import EXIT_NODES_FAILED, EXIT_OK, SlurmError
 from ..hostlists import expand
 from ..slurm import scontrol_for
 from ..statustable import capacity, prolog_line, render, render_capacity, table_rows
-from .common import make_parser, open_cloud, run_command
+from .common import interactive_cloud, make_parser, run_command
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 states = scontrol_for(config, env).show_all_nodes()
             except SlurmError as exc:
                 print(f"{prog}: warning: Slurm state unavailable: {exc}", file=sys.stderr)
-        cloud = open_cloud(config)
+        cloud = interactive_cloud(config)
         rows = table_rows(config, cloud, states, nodes)
         gpus = capacity(config, cloud) if args.capacity else None
 

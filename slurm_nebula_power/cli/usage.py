@@ -27,7 +27,7 @@ from ..usage import (
     summarize,
     table_lines,
 )
-from .common import make_parser, open_cloud, run_command
+from .common import interactive_cloud, make_parser, run_command
 
 PROG = "slurm-nebula-power usage"
 
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         rows = summarize(found, args.by, since, until, nodeset_of)
         disagree: list[str] | None = None
         if not args.no_cloud:
-            live = open_cloud(config, retry_seconds=min(config.opennebula.retry_seconds, 10.0)).cluster_vms(
+            live = interactive_cloud(config).cluster_vms(
                 config.slurm.cluster)
             disagree = disagreements(records, live, config.slurm.cluster, until)
 

@@ -1,0 +1,105 @@
+"""The administrator's first week (issue 25): operator commands that fail fast, in one line naming what to
+fix, and programs that say what really happened (unreachable is not refused; an unreachable OpenNebula is
+not the template's fault). Through the installed programs."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+
+import pytest
+from reliability_support import run_env, run_program, site
+from support import make_setup
+from test_cli import program
+
+from slurm_nebula_power.errors import EXIT_NODES_FAILED
+
+
+class Closing:
+    """A loopback endpoint that accepts each connection and closes it at once: every call a transient
+    failure, so each attempt of a command is counted (no wall time is measured)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.accepted = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/RPC2"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def down(tmp_path):
+    endpoint = Closing()
+    yield endpoint, make_setup(tmp_path / "site", endpoint.endpoint, "oneadmin:secret-pw")
+    endpoint.close()
+
+
+@pytest.mark.parametrize("command", [["status", "--no-slurm"], ["reconcile", "--dry-run"], ["slurm-conf"],
+                                     ["usage"]])
+def test_an_operator_command_against_a_down_endpoint_fails_fast_in_one_line(down, command) -> None:
+    # Before: status took 61-65 s and 16 WARNING lines, then "connection failed: ConnectionRefusedError",
+    # naming neither the endpoint nor the auth file.
+    endpoint, setup = down
+    setup.audit.write_text("")  # usage reads the records, then asks OpenNebula
+    done = subprocess.run([program("slurm-nebula-power"), *command], env=run_env(setup), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) <= 5, lines
+    error = [line for line in lines if ": error: " in line]
+    assert len(error) == 1, lines
+    assert f"cannot reach OpenNebula at {endpoint.endpoint}" in error[0]
+    assert f"credentials: {setup.root / 'one_auth'}" in error[0] and str(setup.config) in error[0]
+    assert endpoint.accepted <= 4, f"{endpoint.accepted} attempts: the retries of an interactive command"
+
+
+@pytest.mark.parametrize("command", [["status", "--no-slurm"], ["reconcile", "--dry-run"]])
+def test_a_wrong_password_names_the_user_the_endpoint_and_the_auth_file(tmp_path, sim, command) -> None:
+    setup = make_setup(tmp_path / "site", sim.endpoint, "oneadmin:not-the-password")
+    done = subprocess.run([program("slurm-nebula-power"), *command], env=run_env(setup), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    [error] = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert f"OpenNebula at {sim.endpoint} refused user oneadmin" in error
+    assert f"put valid credentials (user:password or user:token) in {setup.root / 'one_auth'}" in error
+    assert "not-the-password" not in done.stderr
+
+
+def test_an_unreachable_slurmctld_is_not_called_refused(tmp_path, sim) -> None:
+    # Before: resume logged "slurmctld refused the node address update" when slurmctld was down.
+    setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
+    (setup.scontrol_dir / "scontrol.unreachable").touch()
+    done = run_program(setup, "resume", "gpu01")
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    log = setup.log_text()
+    assert "slurmctld unreachable: node address update not delivered" in log
+    assert "refused" not in log
+    handed = [r for r in setup.records() if r["event"] == "handed_back"]
+    assert [r.get("category") for r in handed] == ["slurm_error"]
+
+
+def test_a_node_handed_back_because_opennebula_is_unreachable_does_not_blame_its_template(down) -> None:
+    _, setup = down
+    done = run_program(setup, "resume", "gpu01", guard=120)
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    [update] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
+    reason = update[-1]
+    assert reason.startswith("Reason=nebula: OpenNebula: "), reason  # was "template slurm-gpu-worker: ..."
