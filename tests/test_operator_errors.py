@@ -63,12 +63,13 @@ def test_an_operator_command_against_a_down_endpoint_fails_fast_in_one_line(down
                           text=True, timeout=120)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
-    assert len(lines) <= 5, lines
+    # The retries of a 2 s budget (0.2 s doubling, plus jitter): a handful, where retry_seconds 60 made 15+.
+    assert len(lines) <= 8, lines
     error = [line for line in lines if ": error: " in line]
     assert len(error) == 1, lines
     assert f"cannot reach OpenNebula at {endpoint.endpoint}" in error[0]
     assert f"credentials: {setup.root / 'one_auth'}" in error[0] and str(setup.config) in error[0]
-    assert endpoint.accepted <= 4, f"{endpoint.accepted} attempts: the retries of an interactive command"
+    assert endpoint.accepted <= 8, f"{endpoint.accepted} attempts: the retries of an interactive command"
 
 
 @pytest.mark.parametrize("command", [["status", "--no-slurm"], ["reconcile", "--dry-run"]])
