@@ -4,6 +4,8 @@ not the template's fault). Through the installed programs."""
 
 from __future__ import annotations
 
+import os
+import pty
 import socket
 import subprocess
 import threading
@@ -13,7 +15,7 @@ from reliability_support import run_env, run_program, site
 from support import make_setup
 from test_cli import program
 
-from slurm_nebula_power.errors import EXIT_NODES_FAILED
+from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_USAGE
 
 
 class Closing:
@@ -104,3 +106,38 @@ def test_a_node_handed_back_because_opennebula_is_unreachable_does_not_blame_its
     [update] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
     reason = update[-1]
     assert reason.startswith("Reason=nebula: OpenNebula: "), reason  # was "template slurm-gpu-worker: ..."
+
+
+def test_a_mistyped_node_by_hand_forces_nothing_down(tmp_path, sim) -> None:
+    # `slurm-nebula-resume login01`: a static IDLE node in no node set was forced down (POWER_DOWN_FORCE)
+    setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
+    setup.set_nodes("NodeName=login01 State=IDLE Reason=x\n")
+    done = run_program(setup, "resume", "login01")
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.count("\n") == 1 and "login01: in no [[nodeset]] of" in done.stderr
+    assert "(node sets: gpu[01-08])" in done.stderr and "nothing done" in done.stderr
+    assert setup.updates() == [] and sim.vms() == []
+
+
+def test_a_program_run_by_hand_at_a_terminal_shows_its_log_there(tmp_path, sim) -> None:
+    # With [log] file set, a run by hand printed nothing at the terminal; slurmctld gives it no terminal.
+    setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
+    quiet = run_program(setup, "resume", "gpu01")
+    assert quiet.returncode == 0 and quiet.stderr == "", "no terminal: the log file only"
+    master, terminal = pty.openpty()
+    proc = subprocess.Popen([program("slurm-nebula-suspend"), "gpu01"], env=run_env(setup),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=terminal)
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the program closed the terminal (it exited)
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    assert proc.wait(timeout=120) == 0
+    assert b"summary: slurm-nebula-suspend gpu01: 1 done, 0 failed" in shown
+    assert "summary: slurm-nebula-suspend gpu01: 1 done" in setup.log_text(), "and in the log file"
