@@ -62,6 +62,16 @@ def read_slurm_conf(path: Path) -> SlurmConf:
     return conf
 
 
+def read_if_any(path: Path | None) -> SlurmConf | None:
+    """slurm.conf, or None when no path is set or it cannot be read (for what only adds a remark)."""
+    if path is None:
+        return None
+    try:
+        return read_slurm_conf(path)
+    except ConfigError:
+        return None
+
+
 def _read(conf: SlurmConf, path: Path, defaults: dict[str, dict[str, str]], depth: int) -> None:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")

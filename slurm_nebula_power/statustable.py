@@ -10,12 +10,12 @@ from typing import Any
 from .capacity import Pool, gpu_requests, label, usage
 from .config import Config
 from .drift import Diagnosis, NodeView, diagnose, survey
-from .errors import CloudError, PowerError, first_line
+from .errors import CloudError, first_line
 from .model import ACTIVE, STATE_NAMES, cell, lcm_name, printable
 from .operation import Cloud
 from .shapes import PROLOG
 from .slurm import NodeState
-from .slurmconf import read_slurm_conf
+from .slurmconf import read_if_any
 
 
 def age(seconds: float | None) -> str:
@@ -81,11 +81,8 @@ def table_rows(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | N
 
 def prolog_line(config: Config) -> str | None:
     """The footer: whether slurm.conf's PrologSlurmctld is ours (None when slurm.conf cannot be read)."""
-    if config.slurm.slurm_conf is None:
-        return None
-    try:
-        conf = read_slurm_conf(config.slurm.slurm_conf)
-    except PowerError:
+    conf = read_if_any(config.slurm.slurm_conf)
+    if conf is None:
         return None
     prolog = conf.params.get("prologslurmctld", "")
     if os.path.basename(prolog) == PROLOG:

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from ..config import Config, NodeSet
-from ..errors import EXIT_OK, PowerError, UsageError
-from ..slurmconf import gres_gpus, read_slurm_conf
+from ..errors import EXIT_OK, UsageError
+from ..slurmconf import gres_gpus, read_if_any
 from ..template import gpus_of, pick_nodeset, render
 from .common import make_parser, run_command
 
@@ -47,11 +47,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 def gpu_mismatch(config: Config, index: int, nodeset: NodeSet) -> str | None:
     """slurm.conf gives the node set's nodes GPUs (Gres=gpu) and the template gets none, or another count."""
-    if config.slurm.slurm_conf is None:
-        return None
-    try:
-        conf = read_slurm_conf(config.slurm.slurm_conf)
-    except PowerError:
+    conf = read_if_any(config.slurm.slurm_conf)
+    if conf is None:
         return None
     counts = {gres_gpus(conf.nodes[node].get("gres", "")) for node in nodeset.nodes if node in conf.nodes}
     gpus = gpus_of(nodeset)
