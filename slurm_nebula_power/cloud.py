@@ -182,6 +182,11 @@ class OneCloud:
         """one.vm.action; an action refused for the VM's state raises ActionRefused (never retried)."""
         self.call(f"vm.action {action} {vm_id}", lambda s: s.call("vm.action", action, vm_id))
 
+    def clear_ready(self, vm_id: int) -> None:
+        """Merge READY = "NO" into the VM's USER_TEMPLATE (one.vm.update, type 1): oned keeps a guest's READY=YES
+        through poweroff, undeploy and a killed hypervisor process, so the next boot must report its own."""
+        self.call(f"vm.update {vm_id}", lambda s: s.call("vm.update", vm_id, 'READY = "NO"', 1))
+
     def recover_delete(self, vm_id: int) -> None:
         """one.vm.recover with op 3 (delete): drops a VM in any state and frees its host resources."""
         self.call(f"vm.recover delete {vm_id}", lambda s: s.call("vm.recover", vm_id, 3))

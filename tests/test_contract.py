@@ -451,6 +451,21 @@ def test_onegate_put_writes_only_the_user_template(backend: Backend) -> None:
     assert parsed.ready and parsed.is_ours("c1", "gpu02")
 
 
+@pytest.mark.parametrize("off", ["poweroff", "undeploy"])
+def test_ready_outlives_the_boot_that_reported_it_until_an_update_clears_it(backend: Backend, off: str) -> None:
+    """What resume's clear_ready rests on: oned keeps a guest's READY=YES while the VM is off, and a merge
+    update of a VM that is off replaces it."""
+    extra = extra_template("c1", "gpu01", [], backend.one.template.info(backend.gpu_template).TEMPLATE["CONTEXT"])
+    vm_id = backend.running(name="gpu01", extra=extra)
+    assert backend.put_vm(vm_id, backend.token(vm_id), "READY=YES") == 200
+    backend.action(off, vm_id)
+    backend.wait(vm_id, {"poweroff": "POWEROFF", "undeploy": "UNDEPLOYED"}[off])
+    assert backend.vm(vm_id).USER_TEMPLATE["READY"] == "YES"
+    assert backend.raw("one.vm.update", vm_id, 'READY = "NO"', 1)[:2] == [True, vm_id]
+    [parsed] = vms_from_xml(backend.pool_text())
+    assert not parsed.ready and parsed.user_template["READY"] == "NO"
+
+
 def test_onegate_refuses_a_wrong_token(backend: Backend) -> None:
     vm_id = backend.running(template=backend.cpu_template, name="guest")
     assert backend.put_vm(vm_id, "0" * 32, "READY=YES") == 401

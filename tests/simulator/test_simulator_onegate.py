@@ -206,6 +206,54 @@ def test_resume_counts_a_node_whose_slurmd_registered_without_ready_as_up(tmp_pa
            "counted as up; check the guest's OneGate access" in setup.log_text()
 
 
+def _ours_stopped(tmp_path: Path, sim, off: str) -> int:
+    """gpu01's VM made by resume, whose guest reported READY=YES, then stopped by `off`."""
+    first = make_setup(tmp_path / "before", sim.endpoint, AUTH,
+                       nodesets=READY_SETS.format(timeout=5).replace('"ready"', '"running"'))
+    assert resume_main(["gpu01"], first.env) == EXIT_OK
+    [vm] = vms_of(sim, "gpu01")
+    assert _put(vm.template["CONTEXT"]["ONEGATE_ENDPOINT"], vm.id, _token(sim, vm.id))[0] == 200
+    pyone.OneServer(sim.endpoint, session=sim.auth).vm.action(off, vm.id)
+    sim.wait_for(lambda: sim.vm(vm.id).state_str in ("POWEROFF", "UNDEPLOYED"), 10)
+    assert sim.vm(vm.id).user_template["READY"] == "YES"  # oned keeps it: only a new report overwrites it
+    return vm.id
+
+
+@pytest.mark.parametrize("off", ["poweroff", "undeploy"])
+def test_resume_of_a_stopped_vm_waits_for_this_boots_ready(tmp_path: Path, sim, off) -> None:
+    """oned keeps the READY=YES of the boot before a poweroff or undeploy (real-kvm.md): resume clears it before
+    it resumes the VM, so a guest that does not come up this time is handed back at boot_timeout, not counted
+    as up the moment its VM is RUNNING again."""
+    vm_id = _ours_stopped(tmp_path, sim, off)
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=1.5))
+    assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED  # this boot never reported
+    assert sim.vm(vm_id).user_template["READY"] == "NO"
+    [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert handback[0] == "NodeName=gpu01" and "READY=YES" in " ".join(handback)
+
+
+def test_resume_of_a_stopped_vm_whose_guest_reports_again_is_up(tmp_path: Path, sim) -> None:
+    vm_id = _ours_stopped(tmp_path, sim, "poweroff")
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=20))
+    stop = threading.Event()
+
+    def guest() -> None:  # this boot's report, a while after RUNNING
+        while not stop.is_set() and sim.vm(vm_id).state_str != "RUNNING":
+            stop.wait(0.05)
+        stop.wait(0.5)
+        _put(sim.vm(vm_id).template["CONTEXT"]["ONEGATE_ENDPOINT"], vm_id, _token(sim, vm_id))
+
+    thread = threading.Thread(target=guest, daemon=True)
+    thread.start()
+    try:
+        assert resume_main(["gpu01"], setup.env) == EXIT_OK
+        assert sim.vm(vm_id).user_template["READY"] == "YES"
+        assert "action=clear-ready result=ok" in setup.log_text()
+    finally:
+        stop.set()
+        thread.join(5)
+
+
 @pytest.mark.parametrize(("body", "stored"), [
     ("READY=YES", {"READY": "YES"}),  # what the worker sends
     ("NOTE=two words", {"NOTE": "two words"}),  # onegate-server quotes bare values
