@@ -594,10 +594,14 @@ class SlurmCluster:
 
     def log_tail(self, title: str, lines: int = 40) -> str:
         """Last lines of one log by title ('' when absent)."""
+        return "\n".join(self.log_text(title).splitlines()[-lines:])
+
+    def log_text(self, title: str) -> str:
+        """One log by title, whole ('' when absent): for what must be in it, however much came after."""
         path = self.logs().get(title)
         if path is None or not path.exists():
             return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return path.read_text(errors="replace")
 
     def read_jsonl(self, path: Path) -> list[dict[str, Any]]:
         """Records of a JSON-lines file a test program appended to ([] when absent)."""

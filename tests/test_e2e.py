@@ -130,27 +130,34 @@ def test_3_node_without_a_free_gpu_is_handed_back_at_once_best_effort_keeps_the_
     # Read now: after cred_expire the requeued job may resume gpu02 again, which clears the reason.
     info = c.node_info("gpu02")
     why = f"job {job}: needs 2 GPUs 10de:0302, 1 free"
-    env.wait(lambda: summaries(env, "slurm-nebula-resume"), 10, "resume finished")
+    # This resume's summary, not the first one logged: cred_expire (5 s) after the requeue the job may be
+    # scheduled again, and that resume of gpu02 alone (handed back at once: gpu01's VM holds the GPU) can end
+    # before this one, which waits for gpu01's VM.
+    def this_resume() -> list[str]:
+        return [line for line in summaries(env, "slurm-nebula-resume") if line.startswith("gpu[01-02]: ")]
+
+    env.wait(this_resume, 10 + env.boot_timeout, "resume of gpu[01-02] finished")
     # "At once" is an order, not a time: the hand-back (whose scontrol returns after slurmctld requeued the
     # job) is done before resume even asks oned for gpu01's VM, so nothing waits on a boot or a timeout.
     lines = env.program_log_text().splitlines()
     handed = next(i for i, line in enumerate(lines) if "handed gpu02 back to Slurm" in line)
     created = next(i for i, line in enumerate(lines) if "node=gpu01 vm=0 action=instantiate" in line)
     assert handed < created, lines
-    assert summaries(env, "slurm-nebula-resume")[0] == f"gpu[01-02]: 1 done, 1 failed ({why}: gpu02)"
+    assert this_resume() == [f"gpu[01-02]: 1 done, 1 failed ({why}: gpu02)"]
     assert len(env.vms_of("gpu01")) == 1 and env.vms_of("gpu02") == [], "no VM for the node the count refused"
     # The simulated guest's boot (the hook: a scontrol, then slurmd) took 10.3 s once with all three releases'
-    # suites on 2 cores: this is about which node best-effort kept, not how fast a guest boots.
+    # suites on 2 cores: this is about which node best-effort kept, not how fast a guest boots, so the bound
+    # is Slurm's own for a boot, ResumeTimeout (60).
     env.wait(lambda: ("running", "gpu01", "slurmd") in [(e["event"], e["node"], e["action"])
                                                           for e in env.hook_events()],
-             30, "best-effort kept gpu01: its VM ran and its slurmd started")
+             60, "best-effort kept gpu01: its VM ran and its slurmd started")
     log = env.program_log_text()
     hand_back = re.findall(r"scontrol update NodeName=\S+ State=\S+ Reason=.*", log)[0]
     print(f"\nE2E-HANDBACK {hand_back}")
     assert hand_back == f"scontrol update NodeName=gpu02 State=POWER_DOWN_FORCE Reason=nebula: {why}"
     assert info["Reason"].startswith(f"nebula: {why} ["), info
     assert "POWER" in info["State"], info  # POWER_DOWN, POWERING_DOWN or POWERED_DOWN: back in the pool
-    assert f"requeue job JobId={job} due to failure of node gpu02" in c.log_tail("slurmctld.log", 200)
+    assert f"requeue job JobId={job} due to failure of node gpu02" in c.log_text("slurmctld.log")
     # SuspendProgram is called for the handed-back node (it finds no VM); the cause lasts, so cancel the
     # job: afterwards nothing may stay behind.
     env.wait(lambda: "gpu02: 1 done, 0 failed" in summaries(env, "slurm-nebula-suspend"), 10,
