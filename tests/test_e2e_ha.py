@@ -158,6 +158,16 @@ def test_a_controller_that_lost_the_addresses_mid_resume_is_told_them_again(e2e)
     assert {c.node_info(vm.name).get("NodeAddr") for vm in booted} == {vm.name for vm in booted}
     end = c.wait_job(job, ["COMPLETED", "FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT"], timeout=120)
     assert end == "COMPLETED", (end, c.job_output(job), c.log_tail("slurmctld.log", 30))
-    assert "slurmctld lost the addresses of gpu[01-02] (a controller took over?): told again" \
+    told = "slurmctld lost the addresses of gpu[01-02] (a controller took over?): told again" \
         in env.program_log_text()
-    measure("lost addresses told again at the end of resume: job", end)
+    if c.version >= (23, 11):
+        # From 23.11 slurmctld also takes the address a registration comes from (test_slurm_harness.py): a
+        # guest whose slurmd registered before resume's last look had its address back already (24.11 under
+        # load in CI), and nothing was left to tell.
+        log = c.log_text("slurmctld.log")
+        registered = all(re.search(rf"Node {vm.name}/\S+/{re.escape(vm.ip)} powered up", log) for vm in booted)
+        assert told or registered, log
+    else:
+        assert told  # 22.05 takes no address from a registration: only resume's telling again gives it back
+    measure("lost addresses told again at the end of resume: job",
+            f"{end} ({'told again' if told else 'addresses from the registrations'})")
