@@ -119,6 +119,8 @@ class Cloud:
         self._heap: list[tuple[float, int, int, int]] = []
         self._heap_count = 0
         self.stalled_until = 0.0  # monotonic: the scheduler places nothing before (locked_stall_placement)
+        self.user_templates: dict[int, dict[str, str]] = {}  # uid -> USER/TEMPLATE (VM_*_OPERATIONS...)
+        self.group_templates: dict[int, dict[str, str]] = {}  # gid -> GROUP/TEMPLATE
 
     # ------------------------------------------------------------------ allocation
     def locked_allocate(self, template_id: int, name: str, hold: bool, extra: Template, user: User,
@@ -322,8 +324,13 @@ class Cloud:
             vm.user_template["SCHED_MESSAGE"] = [message]
             vm.touch()
 
-    def _deploy(self, vm: Vm, host: Host, slots: list[PciSlot], now: float) -> None:
-        host.take(vm, slots)
+    def locked_deploy(self, vm: Vm, host: Host, slots: list[PciSlot | None]) -> None:
+        """one.vm.deploy: the VM leaves PENDING, HOLD, STOPPED or UNDEPLOYED for `host`, holding the given
+        devices (None: an entry no free device served, deployed without enforce)."""
+        self._deploy(vm, host, slots, self.monotonic())
+
+    def _deploy(self, vm: Vm, host: Host, slots: list[PciSlot] | list[PciSlot | None], now: float) -> None:
+        host.take(vm, [slot for slot in slots if slot is not None])
         assign_pci(vm.template, slots)
         vm.user_template.pop("SCHED_MESSAGE", None)
         wall = int(self.clock())

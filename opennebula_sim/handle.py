@@ -201,6 +201,17 @@ class Simulator:
         another user acting between two of the client's calls, such as taking the GPU it just counted."""
         self.api.after_call(method, action)
 
+    def set_user_template(self, **attrs: str) -> None:
+        """Merge attributes into the session user's TEMPLATE, as oneadmin's `oneuser update --append` does:
+        VM_MANAGE_OPERATIONS="deploy" lets a plain user deploy its VMs (opennebula_sim.deploy)."""
+        with self.cloud.lock:
+            self.cloud.user_templates.setdefault(self.api.user.uid, {}).update(attrs)
+
+    def set_group_template(self, **attrs: str) -> None:
+        """Merge attributes into the TEMPLATE of the session user's group (`onegroup update --append`)."""
+        with self.cloud.lock:
+            self.cloud.group_templates.setdefault(self.api.user.gid, {}).update(attrs)
+
     def set_authorized(self, authorized: bool) -> None:
         """When False every authenticated call fails with AUTHORIZATION (0x200)."""
         self.cloud.authorized = authorized

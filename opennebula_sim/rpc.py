@@ -12,6 +12,8 @@ from opennebula_sim import states as S
 from opennebula_sim.actions import quota_message, vm_action, vm_recover
 from opennebula_sim.cloud import ONEADMIN, Cloud, User
 from opennebula_sim.config import TemplateSpec
+from opennebula_sim.deploy import OPERATIONS, group_xml, user_xml, vm_deploy
+from opennebula_sim.filters import owner_matches, term_matches
 from opennebula_sim.model import Vm
 from opennebula_sim.onegate import put_vm
 from opennebula_sim.states import OneError
@@ -63,6 +65,7 @@ class Api:
         self.methods: dict[str, tuple[Callable[..., Any], str, str]] = {
             "one.template.instantiate": (self.template_instantiate, "is", "bsb"),
             "one.vm.action": (self.vm_action, "si", ""),
+            "one.vm.deploy": (self.vm_deploy, "ii", "bis"),
             "one.vm.info": (self.vm_info, "i", "b"),
             "one.vm.recover": (self.vm_recover, "ii", ""),
             "one.vm.update": (self.vm_update, "isi", ""),
@@ -78,6 +81,8 @@ class Api:
             "one.system.version": (self.system_version, "", ""),
             "one.system.config": (self.system_config, "", ""),
             "one.user.login": (self.user_login, "ssi", "i"),
+            "one.user.info": (self.user_info, "i", "b"),
+            "one.group.info": (self.group_info, "i", "b"),
         }
 
     # ------------------------------------------------------------------ dispatch
@@ -168,6 +173,12 @@ class Api:
         with self.cloud.lock:
             return vm_action(self.cloud, action, vm_id, user)
 
+    def vm_deploy(self, user: User, vm_id: int, host_id: int, enforce: bool = False, ds_id: int = -1,
+                  extra: str = "") -> int:
+        """one.vm.deploy: the VM's id (opennebula_sim.deploy)."""
+        with self.cloud.lock:
+            return vm_deploy(self.cloud, user, vm_id, host_id, enforce, ds_id)
+
     def vm_recover(self, user: User, vm_id: int, op: int) -> int:
         """one.vm.recover: the VM's id."""
         with self.cloud.lock:
@@ -225,13 +236,13 @@ class Api:
         chosen = []
         for vm_id in ids:
             vm = self.cloud.vms[vm_id]
-            if not _owner_matches(vm, who, user):
+            if not owner_matches(vm, who, user):
                 continue
             if end >= -1 and start != -1 and (vm_id < start or (end != -1 and vm_id > end)):
                 continue
             if (state == -1 and vm.state == S.DONE) or (state >= 0 and vm.state != state):
                 continue
-            if terms and not all(_term_matches(vm, t) for t in terms):
+            if terms and not all(term_matches(vm, t) for t in terms):
                 continue
             chosen.append(vm)
         if end < -1:  # pagination: `start` is an offset and -end the page size
@@ -313,13 +324,26 @@ class Api:
     def system_config(self, user: User) -> str:
         """one.system.config: oned.conf as <OPENNEBULA_CONFIGURATION> (a few of its attributes), DB hidden but
         for the oneadmin group (Nebula::get_configuration_xml)."""
-        attrs = [("PORT", "2633"), ("DEFAULT_DEVICE_PREFIX", "hd"), ("VM_SUBMIT_ON_HOLD", "NO")]
+        attrs = [("PORT", "2633"), ("DEFAULT_DEVICE_PREFIX", "hd"), ("VM_SUBMIT_ON_HOLD", "NO"),
+                 *((f"VM_{level}_OPERATIONS", ops) for level, ops in OPERATIONS.items())]
         if self.cloud.cfg.onegate and self.cloud.onegate_endpoint:
             attrs.append(("ONEGATE_ENDPOINT", self.cloud.onegate_endpoint))
         body = "".join(f"<{k}><![CDATA[{v}]]></{k}>" for k, v in sorted(attrs))
         db = ("<BACKEND><![CDATA[sqlite]]></BACKEND><TIMEOUT><![CDATA[2500]]></TIMEOUT>" if user.gid == 0 else
               "<BACKEND><![CDATA[***]]></BACKEND><TIMEOUT><![CDATA[2500]]></TIMEOUT>")
         return f"<OPENNEBULA_CONFIGURATION><DB>{db}</DB>{body}</OPENNEBULA_CONFIGURATION>"
+
+    def user_info(self, user: User, uid: int, decrypt: bool = False) -> str:
+        """one.user.info of the session's own user (-1 or its id)."""
+        if uid not in (-1, user.uid):
+            raise OneError(S.AUTHORIZATION, "", obj="user")
+        with self.cloud.lock:
+            return user_xml(self.cloud, user)
+
+    def group_info(self, user: User, gid: int, decrypt: bool = False) -> str:
+        """one.group.info of the session user's group."""
+        with self.cloud.lock:
+            return group_xml(self.cloud, user, user.gid if gid == -1 else gid)
 
     def user_login(self, user: User, username: str, token: str, valid: int, group: int = -1) -> str:
         """one.user.login: a token usable as `username:token`; valid 0 revokes it, -1 never expires."""
@@ -336,45 +360,6 @@ class Api:
 def _object_of(method: str) -> str:
     family = method.rsplit(".", 1)[0]
     return _OBJECT.get(family, "virtual machine")
-
-
-def _owner_matches(vm: Vm, who: int, user: User) -> bool:
-    if who == -2:
-        return True
-    if who == -3:
-        return vm.uid == user.uid
-    if who == -4:
-        return vm.gid == user.gid
-    if who == -1:
-        return vm.uid == user.uid or vm.gid == user.gid
-    return vm.uid == who
-
-
-def _term_matches(vm: Vm, term: str) -> bool:
-    """One `KEY=VALUE` term of vmpool.info's 5th argument; see docs/SIMULATOR.md for what KEY may be.
-
-    KEY is NAME, ID, UNAME, a top-level USER_TEMPLATE or TEMPLATE attribute, or a path in the CLI's
-    `--search` style: VM.NAME, VM.USER_TEMPLATE.KEY, VM.TEMPLATE.KEY, VM.TEMPLATE.NIC[*].IP (or NIC.IP).
-    A term without `=` matches VMs whose name contains it.
-    """
-    key, sep, value = term.partition("=")
-    if not sep:
-        return term in vm.name
-    path = key.strip().upper().replace("[*]", "").split(".")
-    if path[0] == "VM":
-        path = path[1:]
-    if path in (["NAME"], ["ID"], ["UNAME"]):
-        return {"NAME": vm.name, "ID": str(vm.id), "UNAME": vm.uname}[path[0]] == value
-    sources = [vm.user_template, vm.template]
-    if path[0] in ("USER_TEMPLATE", "TEMPLATE"):
-        sources = [vm.user_template if path[0] == "USER_TEMPLATE" else vm.template]
-        path = path[1:]
-    values = [v for src in sources for v in src.get(path[0], ())]
-    if len(path) == 1:
-        return any(isinstance(v, str) and v == value for v in values)
-    if len(path) == 2:
-        return any(isinstance(v, dict) and v.get(path[1]) == value for v in values)
-    return False
 
 
 def _check_params(method: str, params: tuple[Any, ...], required: str, optional: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opennebula_sim.model import IpPool, PciSlot, mac_for
@@ -136,10 +137,13 @@ def _substitute(value: str, vm_tmpl: Template, user_tmpl: Template, names: dict[
     return _VAR.sub(one, value)
 
 
-def assign_pci(vm_tmpl: Template, slots: list[PciSlot]) -> None:
-    """At deploy oned copies the chosen devices' address fields into TEMPLATE/PCI."""
+def assign_pci(vm_tmpl: Template, slots: Sequence[PciSlot | None]) -> None:
+    """At deploy oned copies the chosen devices' address fields into TEMPLATE/PCI (None: no device was free
+    for that entry, a deploy without enforce: it keeps no address)."""
     pci = vectors(vm_tmpl, "PCI")
     for request, slot in zip(pci, slots, strict=True):
+        if slot is None:
+            continue
         bus, rest = slot.spec.short_address.split(":")
         dev, function = rest.split(".")
         request.update(ADDRESS=slot.address, BUS=bus, DOMAIN="0000", FUNCTION=function,
