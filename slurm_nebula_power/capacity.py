@@ -61,6 +61,12 @@ def _names(profile: str) -> set[str]:
     return {profile, head.strip(), rest.rstrip(")").strip()} - {""}
 
 
+def pci_request(entry: Pci) -> PciRequest:
+    """A template's (or a VM's) PCI entry as what a host device must be to serve it."""
+    return PciRequest(vendor=entry.vendor, device=entry.device, klass=entry.klass, profile=entry.profile,
+                      short_address=entry.short_address)
+
+
 def gpu_requests(template: Mapping[str, Any]) -> Requests:
     """The GPUs one VM of this template asks for (its PCI entries that are GPUs, not TYPE=NIC)."""
     pci = template.get("PCI")
@@ -104,7 +110,7 @@ class Pool:
     def take(self, requests: Requests) -> bool:
         """Reserve the devices of one VM on the first host that has them all; False when none has."""
         for devices in self._free:
-            chosen = _fit(devices, requests)
+            chosen = fit(devices, requests)
             if chosen is not None:
                 for dev in chosen:
                     devices.remove(dev)
@@ -120,7 +126,8 @@ class Pool:
         return False
 
 
-def _fit(devices: Sequence[PciDevice], requests: Requests) -> list[PciDevice] | None:
+def fit(devices: Sequence[PciDevice], requests: Requests) -> list[PciDevice] | None:
+    """The devices one VM would get among these (one per request, oned's matching rule), or None."""
     chosen: list[PciDevice] = []
     for request in requests:
         dev = next((d for d in devices if d not in chosen and request.matches(d)), None)

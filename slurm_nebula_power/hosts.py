@@ -1,12 +1,13 @@
-"""Hosts and their PCI devices as the host pool document shows them: what capacity counts and resume places
-on. No pyone here, as in model.py (whose strict number parser the host pool's fields go through)."""
+"""Hosts and their PCI devices as the host pool document shows them, and what a VM asks of a host (its own
+document): what capacity counts and resume places on. No pyone here, as in model.py (whose strict number
+parser the host pool's fields go through)."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from .model import number
+from .model import Pci, number, pci_from_element
 
 # ---- hosts and their PCI devices --------------------------------------------------------------------
 
@@ -37,12 +38,21 @@ class PciDevice:
 
 @dataclass(frozen=True)
 class Host:
-    """What capacity needs of one host: its state and its PCI devices."""
+    """What capacity and placement need of one host: its state, cluster, free CPU and memory, PCI devices, and
+    the attributes a requirement expression names (placement.py)."""
 
     id: int
     name: str
     state: int
     devices: tuple[PciDevice, ...] = ()
+    cluster_id: int = -1
+    cpu_free: int | None = None  # HOST_SHARE MAX_CPU - CPU_USAGE, oned's units (100 a core); None: not shown
+    memory_free_kb: int | None = None  # HOST_SHARE MAX_MEM - MEM_USAGE
+    attributes: tuple[tuple[str, str], ...] = ()  # (name, value) where oned's scheduler looks them up, in order
+
+    def attribute(self, name: str) -> list[str]:
+        """Every value of an attribute a requirement names, in the scheduler's order (the first one counts)."""
+        return [value for key, value in self.attributes if key == name]
 
     @property
     def placeable(self) -> bool:
@@ -53,6 +63,39 @@ class Host:
     def state_name(self) -> str:
         """STATE in words."""
         return HOST_STATE_NAMES.get(self.state, f"STATE_{self.state}")
+
+
+# Where the scheduler looks up an attribute a requirement names (7.x rank scheduler, HostXML.cc: these
+# paths joined with "|", so the first match in document order counts); leaves only.
+_SEARCHED = ("TEMPLATE", "HOST_SHARE", "HOST_SHARE/DATASTORES", "MONITORING/CAPACITY", "MONITORING/SYSTEM",
+             "CLUSTER_TEMPLATE")
+MOST_ATTRIBUTES = 2000  # per host: a requirement never needs more, and a hostile answer is bounded
+
+
+def _attributes(host: ET.Element) -> tuple[tuple[str, str], ...]:
+    """The leaves below the searched paths and HOST itself, in document order."""
+    out: list[tuple[str, str]] = []
+
+    def leaves(element: ET.Element, path: str) -> None:
+        for child in element:
+            if len(out) >= MOST_ATTRIBUTES:
+                return
+            sub = f"{path}/{child.tag}" if path else child.tag
+            if len(child) == 0:
+                out.append((child.tag, (child.text or "").strip()))
+            elif sub in _SEARCHED or any(s.startswith(sub + "/") for s in _SEARCHED):
+                leaves(child, sub)
+
+    leaves(host, "")
+    return tuple(out)
+
+
+def _free(host: ET.Element, most: str, used: str) -> int | None:
+    total = host.findtext(f"HOST_SHARE/{most}")
+    if total is None:
+        return None
+    return number(total, 0, f"HOST/HOST_SHARE/{most}") - number(host.findtext(f"HOST_SHARE/{used}"), 0,
+                                                                  f"HOST/HOST_SHARE/{used}")
 
 
 def hosts_from_xml(text: str) -> list[Host]:
@@ -67,7 +110,10 @@ def hosts_from_xml(text: str) -> list[Host]:
                       vmid=number(pci.findtext("VMID"), -1, "HOST/HOST_SHARE/PCI_DEVICES/PCI/VMID"))
             for pci in host.iterfind("HOST_SHARE/PCI_DEVICES/PCI"))
         hosts.append(Host(id=number(host.findtext("ID"), -1, "HOST/ID"), name=host.findtext("NAME") or "",
-                          state=number(host.findtext("STATE"), 0, "HOST/STATE"), devices=devices))
+                          state=number(host.findtext("STATE"), 0, "HOST/STATE"), devices=devices,
+                          cluster_id=number(host.findtext("CLUSTER_ID"), -1, "HOST/CLUSTER_ID"),
+                          cpu_free=_free(host, "MAX_CPU", "CPU_USAGE"),
+                          memory_free_kb=_free(host, "MAX_MEM", "MEM_USAGE"), attributes=_attributes(host)))
     return hosts
 
 
@@ -75,3 +121,62 @@ def host_gpus(text: str) -> tuple[int, int]:
     """(GPUs, free GPUs) over a HOST_POOL document: PCI devices of class 03xx, free when no VM holds them."""
     gpus = [device for host in hosts_from_xml(text) for device in host.devices if device.klass.startswith("03")]
     return len(gpus), sum(device.free for device in gpus)
+
+
+# ---- what a VM asks of a host ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VmNeeds:
+    """What one VM asks of the host it is deployed to, from its own document (one.vm.info): oned sets the
+    AUTOMATIC_* requirements at instantiate, from the clusters of its networks and images; the template's
+    SCHED_* requirements land in USER_TEMPLATE."""
+
+    cpu: int  # oned's units: int(CPU * 100), HostShareCapacity
+    memory_kb: int  # MEMORY (MiB) * 1024
+    pci: tuple[Pci, ...] = ()  # every TEMPLATE/PCI entry: enforce tests them all, GPUs or not
+    requirements: str = ""  # TEMPLATE/AUTOMATIC_REQUIREMENTS
+    sched_requirements: str = ""  # USER_TEMPLATE/SCHED_REQUIREMENTS
+    ds_requirements: str = ""  # TEMPLATE/AUTOMATIC_DS_REQUIREMENTS
+    sched_ds_requirements: str = ""  # USER_TEMPLATE/SCHED_DS_REQUIREMENTS
+    vm_group: bool = False  # TEMPLATE/VMGROUP: affinity rules only oned's scheduler applies
+    auto_nics: bool = False  # a NIC with NETWORK_MODE = "auto": the scheduler picks its network
+    pinned: bool = False  # TEMPLATE/TOPOLOGY with a PIN_POLICY other than NONE (NUMA pinning)
+
+
+def _cpu_units(text: str | None) -> int:
+    try:
+        value = float((text or "0").strip() or "0")
+    except ValueError:
+        raise ValueError("VM/TEMPLATE/CPU is not a number") from None
+    if not 0 <= value < 1e7:
+        raise ValueError("VM/TEMPLATE/CPU is out of range")
+    return round(value * 100)
+
+
+def vm_needs_from_xml(text: str) -> VmNeeds:
+    """Parse one VM document (or the first VM of a pool) for what placing it needs."""
+    root = ET.fromstring(text)
+    vm = root if root.tag == "VM" else root.find("VM")
+    if vm is None:
+        raise ValueError("no VM in the document")
+    template = vm.find("TEMPLATE")
+    user = vm.find("USER_TEMPLATE")
+    tmpl = template if template is not None else ET.Element("TEMPLATE")
+    usr = user if user is not None else ET.Element("USER_TEMPLATE")
+    topology = tmpl.find("TOPOLOGY")
+    pin = (topology.findtext("PIN_POLICY") or "NONE").strip().upper() if topology is not None else "NONE"
+    return VmNeeds(
+        cpu=_cpu_units(tmpl.findtext("CPU")),
+        memory_kb=number(tmpl.findtext("MEMORY"), 0, "VM/TEMPLATE/MEMORY") * 1024,
+        pci=tuple(pci_from_element(item) for item in tmpl.iterfind("PCI")),
+        requirements=(tmpl.findtext("AUTOMATIC_REQUIREMENTS") or "").strip(),
+        sched_requirements=(usr.findtext("SCHED_REQUIREMENTS") or tmpl.findtext("SCHED_REQUIREMENTS") or "").strip(),
+        ds_requirements=(tmpl.findtext("AUTOMATIC_DS_REQUIREMENTS") or "").strip(),
+        sched_ds_requirements=(usr.findtext("SCHED_DS_REQUIREMENTS") or tmpl.findtext("SCHED_DS_REQUIREMENTS")
+                               or "").strip(),
+        vm_group=tmpl.find("VMGROUP") is not None,
+        auto_nics=any((nic.findtext("NETWORK_MODE") or "").strip().lower() == "auto"
+                      for nic in tmpl.iterfind("NIC")),
+        pinned=pin not in ("", "NONE"),
+    )

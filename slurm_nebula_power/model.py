@@ -230,6 +230,15 @@ class Vm:
         return self.state == ACTIVE and self.lcm_state in DEPLOYING_LCM
 
     @property
+    def without_devices(self) -> bool:
+        """Deployed (past LCM_INIT) with a PCI entry oned gave no host device: it accepted two deploys to the
+        last free device at once (the capacity test and the accounting are apart; seen on 7.0.2), or a
+        deploy without enforce to a full host, and this VM runs without its GPU."""
+        deployed = self.state == ACTIVE and (self.lcm_state == RUNNING_LCM or (
+            self.lcm_state in DEPLOYING_LCM and self.lcm_state != LCM_INIT))
+        return deployed and any(not p.assigned for p in self.pci)
+
+    @property
     def off(self) -> bool:
         """Switched off with its disks kept (POWEROFF, UNDEPLOYED, STOPPED, SUSPENDED)."""
         return self.state in OFF_STATES
@@ -308,7 +317,8 @@ _PCI_FIELDS = {"ADDRESS": "address", "SHORT_ADDRESS": "short_address", "VENDOR":
                "CLASS": "klass", "PROFILE": "profile", "TYPE": "type"}
 
 
-def _pci(element: ET.Element) -> Pci:
+def pci_from_element(element: ET.Element) -> Pci:
+    """One TEMPLATE/PCI element of a VM document as a Pci."""
     values = {_PCI_FIELDS[item.tag]: (item.text or "").strip() for item in element if item.tag in _PCI_FIELDS}
     return Pci(**values)
 
@@ -333,7 +343,7 @@ def _vm_from_element(vm: ET.Element) -> Vm:
             if found is not None and context is None:
                 context = {item.tag: item.text or "" for item in found if len(item) == 0}
             # TEMPLATE/PCI by its full path: a guest can write USER_TEMPLATE (OneGate), never TEMPLATE
-            pci.extend(_pci(item) for item in child.iterfind("PCI"))
+            pci.extend(pci_from_element(item) for item in child.iterfind("PCI"))
         elif tag == "USER_TEMPLATE" and tags is None:
             tags = {item.tag: item.text or "" for item in child if len(item) == 0}
         elif tag == "HISTORY_RECORDS":
