@@ -42,6 +42,7 @@ class Step(enum.Enum):
     WAIT = enum.auto()  # keep waiting
     DONE = enum.auto()  # up
     RECREATE = enum.auto()  # the VM failed or vanished: a new one (recreate_attempts, within boot_timeout)
+    MOVE = enum.auto()  # deployed by us to a host that left service meanwhile: made again elsewhere (direct.py)
     UNPLACED = enum.auto()  # PENDING with a SCHED_MESSAGE past pending_timeout: the shortage is judged
     NOT_READY = enum.auto()  # RUNNING, no READY by boot_timeout: up if its slurmd registered anyway
     FAIL = enum.auto()  # give up, for the verdict's reason
@@ -55,16 +56,22 @@ class Verdict:
     reason: str = ""  # a FAIL's: the node's Reason
 
 
-WAIT, DONE, RECREATE = Verdict(Step.WAIT), Verdict(Step.DONE), Verdict(Step.RECREATE)
+WAIT, DONE, RECREATE, MOVE = Verdict(Step.WAIT), Verdict(Step.DONE), Verdict(Step.RECREATE), Verdict(Step.MOVE)
 UNPLACED, NOT_READY = Verdict(Step.UNPLACED), Verdict(Step.NOT_READY)
 
 
-def judge(ctx: Context, jobs: Mapping[str, Sequence[int]], boot: Boot, vm: Vm | None, now: float) -> Verdict:
-    """Keep waiting, done, recreate, unplaced, not ready, or fail with a reason."""
+def judge(ctx: Context, jobs: Mapping[str, Sequence[int]], boot: Boot, vm: Vm | None, now: float,
+          displaced: bool = False) -> Verdict:
+    """Keep waiting, done, recreate, move (`displaced`: its host left service), unplaced, not ready, or fail
+    with a reason."""
     if vm is not None:
         ctx.observe(boot.node, vm)
     if vm is None:
         return _retry_or(ctx, boot, now, "VM vanished while booting")
+    if displaced and now < boot.deadline:
+        log.warning("node=%s vm=%d: its host left service after we placed it there: placing it again",
+                    boot.node, vm.id)
+        return MOVE
     if vm.state_name != boot.seen:
         log.info("node=%s vm=%d state=%s ip=%s", boot.node, vm.id, vm.state_name, vm.ip)
         boot.seen = vm.state_name
@@ -73,6 +80,10 @@ def judge(ctx: Context, jobs: Mapping[str, Sequence[int]], boot: Boot, vm: Vm | 
         ctx.recorder.record("running", boot.node, vm, jobs=jobs.get(boot.node, ()))
     if vm.failed:
         return _retry_or(ctx, boot, now, f"VM failed to boot ({vm.state_name})")
+    if vm.without_devices:
+        log.warning("node=%s vm=%d is %s without a host device for its PCI entries", boot.node, vm.id,
+                    vm.state_name)
+        return _retry_or(ctx, boot, now, "VM got no PCI device from oned (another VM was given it)")
     if vm.running and vm.ip and (boot.nodeset.wait_for == "running" or vm.ready):
         return DONE
     # pending_timeout counts while oned says it cannot place the VM: a VM PENDING without a message,

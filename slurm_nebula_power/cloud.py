@@ -14,7 +14,7 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
-from .hosts import Host, host_gpus, hosts_from_xml
+from .hosts import Host, VmNeeds, host_gpus, hosts_from_xml, vm_needs_from_xml
 from .model import Vm, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 
@@ -169,10 +169,10 @@ class OneCloud:
 
     # -- actions --
 
-    def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True) -> int:
-        """Create a VM from a template with an extra template; returns the new VM id."""
+    def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True, hold: bool = False) -> int:
+        """Create a VM from a template with an extra template (on HOLD: for deploy); returns the new VM id."""
         vm_id = self.call(f"template.instantiate {name}",
-                          lambda s: s.call("template.instantiate", template_id, name, False, extra, False),
+                          lambda s: s.call("template.instantiate", template_id, name, hold, extra, False),
                           retry=retry)
         if type(vm_id) is not int or vm_id < 0:  # never retried: the VM may exist (reconcile finds it by name)
             raise CloudError(f"[one.template.instantiate] answered no VM id ({type(vm_id).__name__})")
@@ -181,6 +181,17 @@ class OneCloud:
     def action(self, action: str, vm_id: int) -> None:
         """one.vm.action; an action refused for the VM's state raises ActionRefused (never retried)."""
         self.call(f"vm.action {action} {vm_id}", lambda s: s.call("vm.action", action, vm_id))
+
+    def deploy(self, vm_id: int, host_id: int) -> None:
+        """one.vm.deploy with enforce (oned refuses a host without room for the VM: CPU, memory, PCI), on the
+        host's cluster's default system datastore. A retried call whose first attempt took effect is refused
+        for the VM's state (ActionRefused): the caller looks at the VM."""
+        self.call(f"vm.deploy {vm_id} {host_id}", lambda s: s.call("vm.deploy", vm_id, host_id, True, -1))
+
+    def vm_needs(self, vm_id: int) -> VmNeeds:
+        """What a VM asks of a host (one.vm.info): CPU, memory, PCI, requirements."""
+        return self.call(f"vm.info {vm_id}",
+                         lambda s: _parsed("vm.info", vm_needs_from_xml, s.call("vm.info", vm_id, False)))
 
     def clear_ready(self, vm_id: int) -> None:
         """Merge READY = "NO" into the VM's USER_TEMPLATE (one.vm.update, type 1): oned keeps a guest's READY=YES

@@ -23,6 +23,9 @@ SUSPEND_ACTIONS = ("terminate", "undeploy", "poweroff")
 WAIT_FOR = ("running", "ready")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 JOB_POLICIES = ("all-or-nothing", "best-effort")
+# Who places a node set's VMs: oned's scheduler, or resume itself (instantiate on hold, deploy with enforce),
+# which needs the deploy right a stock user lacks (docs/installation.md), hence not the default.
+PLACEMENTS = ("scheduler", "direct")
 # Seconds a node set is not started again after a GPU shortage (the requeued jobs' resumes within it are
 # handed back after one host pool read), on every Slurm release.
 SHORTAGE_COOLDOWN = 60
@@ -102,6 +105,7 @@ class NodeSet:
     options: Mapping[str, Any] = field(default_factory=dict)
     pending_timeout: float = 60.0  # a VM PENDING with a SCHED_MESSAGE this long cannot be placed
     job_policy: str | None = None  # None: all-or-nothing when the template has GPUs, else best-effort
+    placement: str = "scheduler"  # PLACEMENTS
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "wait_for": Key((str,), "running", one_of(WAIT_FOR)),
         "pending_timeout": Key(NUMBER, 60.0, positive),
         "job_policy": Key((str,), None, one_of(JOB_POLICIES)),
+        "placement": Key((str,), "scheduler", one_of(PLACEMENTS)),
     },
 }
 # Keys a node set may carry for `slurm-nebula-power template` and `slurm-conf`; validated by those commands.
@@ -355,4 +360,5 @@ def _nodeset(reader: Reader, index: int, raw: Any) -> NodeSet:
         options=options,
         pending_timeout=values["pending_timeout"],
         job_policy=values["job_policy"],
+        placement=values["placement"],
     )

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from .admission import COUNT, PLACEMENT, QUOTA, Need, admit, may_retry
 from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
@@ -22,6 +23,16 @@ from .plan import Plan, dragged
 
 log = logging.getLogger(__name__)
 Planned = tuple[str, NodeSet, Plan]  # a node, its node set, what resume would do for it
+
+
+class Placed(Protocol):
+    """A node with its node set (resume's Boot)."""
+
+    @property
+    def nodeset(self) -> NodeSet: ...
+
+
+P = TypeVar("P", bound=Placed)
 
 
 class Gate:
@@ -155,6 +166,16 @@ class Gate:
             reason = f"not placed within pending_timeout {nodeset.pending_timeout:g}s{seen} (oned: {oned})"
         self.shortages.record(nodeset.nodes_expr, PLACEMENT, free, reason, [_plain(r) for r in requests])
         return reason
+
+    def unplaced_all(self, unplaced: Sequence[tuple[P, Vm]]) -> dict[str, list[P]]:
+        """The nodes whose VM oned did not place within pending_timeout, by reason (the shortage a fresh read
+        of the host pool shows); their node sets' cooldown starts."""
+        hosts = self.fresh_hosts() if any(self.requests.get(id(b.nodeset)) for b, _ in unplaced) else None
+        out: dict[str, list[P]] = defaultdict(list)
+        for nodeset in {id(b.nodeset): b.nodeset for b, _ in unplaced}.values():
+            mine = [(b, vm) for b, vm in unplaced if b.nodeset is nodeset]
+            out[self.unplaced(nodeset, mine[0][1], hosts)].extend(b for b, _ in mine)
+        return out
 
     def quota(self, nodeset: NodeSet, exc: QuotaExceeded) -> str:
         """The reason for a node oned refused for a quota ("OpenNebula quota: user [3] limit of 4 reached for

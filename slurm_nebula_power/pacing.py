@@ -29,7 +29,7 @@ oned, logs and submits what they decide. Measured against the simplest clients i
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Generic, Protocol, TypeVar
 
 from .model import PENDING, Vm
@@ -37,6 +37,11 @@ from .plan import Plan
 
 GROWTH = 16  # the window grows (4x a step) to at most this many times max_pending
 STEP = 4
+
+
+def pending_floor(vms: Iterable[Vm]) -> int | None:
+    """The lowest id of a PENDING VM (resume reads the pool from there up: ids only grow)."""
+    return min((vm.id for vm in vms if vm.state == PENDING), default=None)
 
 
 def placing(vms: Mapping[int, Vm]) -> int:

@@ -10,10 +10,11 @@ from typing import Any
 
 from .backoff import Backoff
 from .booting import Boot, Step, collect_calls, judge, not_ready_up, set_addresses
+from .direct import Direct
 from .errors import CloudError, TransientCloudError, first_line
 from .gate import Gate
 from .hostlists import fold
-from .model import PENDING, Vm, ours_by_node
+from .model import Vm, ours_by_node
 from .operation import (
     REASON_LENGTH,
     Context,
@@ -27,7 +28,8 @@ from .operation import (
     timed,
     unseen_vm,
 )
-from .pacing import Pacer, Waves, placing
+from .pacing import Pacer, Waves, pending_floor, placing
+from .placement import jobs_first
 from .plan import Plan, extra_template, plan_resume
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class _Resume:
         self.removals = Removals(ctx.cloud, Patience.of(ctx), ctx.recorder)
         self.templates: dict[int, tuple[int, dict[str, Any]]] = {}  # id(nodeset) -> (template id, CONTEXT)
         self.gate = Gate(ctx, jobs)
+        self.direct = Direct(ctx, self.gate, jobs)  # node sets with placement = "direct" (direct.py)
         self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
         self.waves: Waves[Boot] = Waves(Pacer(ctx.config.opennebula.max_pending))  # the paced plans
@@ -93,7 +96,7 @@ class _Resume:
             except CloudError as exc:
                 hand_back(ctx, self.outcome, [b.node for b in boots], cloud_reason(exc))
                 return
-            self.floor = _pending_floor(vms)
+            self.floor = pending_floor(vms)
             ours = ours_by_node(vms, ctx.cluster, (b.node for b in boots))
             plans = [(boot, plan_resume(ours.get(boot.node, []))) for boot in boots]
             log_by_kind((f"plan={plan.action}", boot.node, plan.vm) for boot, plan in plans)
@@ -101,8 +104,10 @@ class _Resume:
             hosts = self.gate.hosts_read()  # read for the GPU count (not for a node set without GPUs)
             self.waves.pacer = Pacer(ctx.config.opennebula.max_pending,
                                      None if hosts is None else sum(1 for h in hosts if h.placeable))
-            for boot, plan in plans:
-                if plan.action in PACED:
+            for boot, plan in jobs_first(plans, self.jobs, lambda item: item[0].node):
+                if self.direct.takes(boot, plan):
+                    self.direct.send(boot, plan, self.pool, self._start)
+                elif plan.action in PACED:
                     self.waves.waiting.append((boot, plan))
                 else:
                     boot.future = self.pool.submit(self._start, boot, plan)
@@ -207,7 +212,8 @@ class _Resume:
         jobs = self.jobs.get(boot.node, ())
         for duplicate in plan.duplicates:
             self.removals.remove(boot.node, duplicate)
-        if plan.action in ("resume", "release") and plan.vm is not None:
+        direct = self.direct.takes(boot, plan)
+        if plan.action in ("resume", "release") and plan.vm is not None and not direct:
             vm_id = plan.vm.id
             if plan.action == "resume" and plan.vm.ready and boot.nodeset.wait_for == "ready":
                 # READY=YES from the boot before it stopped: this boot must say it again (real-kvm.md).
@@ -229,6 +235,8 @@ class _Resume:
             ctx.recorder.record("removed", boot.node, old, action=action)
         tid, context = self.templates[id(boot.nodeset)]
         extra = extra_template(ctx.cluster, boot.node, jobs, context)
+        if direct:
+            return self.direct.start(boot, plan, tid, extra)
         result: int = timed("instantiate", boot.node, None, lambda: ctx.cloud.instantiate(tid, boot.node, extra))
         ctx.recorder.record("created", boot.node, vm_id=result, jobs=jobs, action="instantiate")
         return result
@@ -253,15 +261,16 @@ class _Resume:
             if snapshot is None:
                 known, snapshot = [], {}
             known = set_addresses(ctx, known, snapshot, failures)
+            moved = self.direct.displaced(known)
             unplaced: list[tuple[Boot, Vm]] = []
             not_ready: list[Boot] = []
             for boot in known:
                 vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
-                verdict = judge(ctx, self.jobs, boot, vm, now)
+                verdict = judge(ctx, self.jobs, boot, vm, now, boot.node in moved)
                 if verdict.step is Step.DONE:
                     self.outcome.done.append(boot.node)
-                elif verdict.step is Step.RECREATE:
-                    boot.attempts += 1
+                elif verdict.step in (Step.RECREATE, Step.MOVE):
+                    boot.attempts += verdict.step is Step.RECREATE
                     boot.vm_id, boot.addr, boot.pending_since = None, None, None
                     boot.future = self.pool.submit(self._start, boot, Plan("recreate", vm))
                 elif verdict.step is Step.UNPLACED and vm is not None:
@@ -270,8 +279,8 @@ class _Resume:
                     not_ready.append(boot)
                 elif verdict.step is Step.FAIL:
                     failures[verdict.reason].append(boot)
-            if unplaced:
-                self._unplaced(unplaced, failures)
+            for reason, placeless in self.gate.unplaced_all(unplaced).items():
+                failures[reason].extend(placeless)
             if not_ready:
                 not_ready_up(ctx, self.outcome, not_ready, failures)
             for reason, failed in failures.items():
@@ -309,7 +318,7 @@ class _Resume:
                 if now >= boot.deadline:
                     failures[cloud_reason(exc)].append(boot)
             return None
-        self.floor = _pending_floor(vms)
+        self.floor = pending_floor(vms)
         self._remove_duplicates(known, ours_by_node(vms, ctx.cluster, (b.node for b in known)))
         return {vm.id: vm for vm in vms}
 
@@ -352,15 +361,6 @@ class _Resume:
             removal.result()
         hand_back(self.ctx, self.outcome, [b.node for b in failed], reason)
 
-    def _unplaced(self, unplaced: Sequence[tuple[Boot, Vm]], failures: dict[str, list[Boot]]) -> None:
-        """VMs oned could not place within pending_timeout fail, with the shortage a fresh read of the
-        host pool shows; their node sets' cooldown starts."""
-        gpus = any(self.gate.requests.get(id(b.nodeset)) for b, _ in unplaced)
-        hosts = self.gate.fresh_hosts() if gpus else None
-        for nodeset in {id(b.nodeset): b.nodeset for b, _ in unplaced}.values():
-            mine = [(b, vm) for b, vm in unplaced if b.nodeset is nodeset]
-            failures[self.gate.unplaced(nodeset, mine[0][1], hosts)].extend(b for b, _ in mine)
-
     def _drag(self, snapshot: Mapping[int, Vm]) -> None:
         """After failures: the all-or-nothing jobs that lost a node give back their other nodes too."""
         by_reason: dict[str, list[tuple[Boot, Vm | None]]] = defaultdict(list)
@@ -395,7 +395,3 @@ class _Resume:
                 if vm.id not in self.removals:
                     log.warning("node=%s vm=%d left over after the node was handed back: removing it", node, vm.id)
                     self.removals.remove(node, vm)
-
-
-def _pending_floor(vms: Sequence[Vm]) -> int | None:
-    return min((vm.id for vm in vms if vm.state == PENDING), default=None)
