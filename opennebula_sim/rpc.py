@@ -11,7 +11,7 @@ from typing import Any
 from opennebula_sim import states as S
 from opennebula_sim.actions import quota_message, vm_action, vm_recover
 from opennebula_sim.cloud import ONEADMIN, Cloud, User
-from opennebula_sim.config import TemplateSpec
+from opennebula_sim.config import HOST_STATES, TemplateSpec
 from opennebula_sim.deploy import OPERATIONS, group_xml, user_xml, vm_deploy
 from opennebula_sim.filters import owner_matches, term_matches
 from opennebula_sim.model import Vm
@@ -77,6 +77,7 @@ class Api:
             "one.template.delete": (self.template_delete, "i", "b"),
             "one.hostpool.info": (self.hostpool_info, "", ""),
             "one.host.info": (self.host_info, "i", "b"),
+            "one.host.status": (self.host_status, "ii", ""),
             "one.vn.info": (self.vn_info, "i", "b"),
             "one.system.version": (self.system_version, "", ""),
             "one.system.config": (self.system_config, "", ""),
@@ -309,6 +310,20 @@ class Api:
             if not 0 <= host_id < len(self.cloud.hosts):
                 raise OneError(S.NO_EXISTS, "", host_id, obj="host")
             return host_xml(self.cloud.hosts[host_id], int(self.cloud.clock()))
+
+    def host_status(self, user: User, host_id: int, status: int) -> int:
+        """one.host.status: 0 enable (a DISABLED or OFFLINE host is MONITORED again), 1 disable, 2 offline."""
+        with self.cloud.lock:
+            if not 0 <= host_id < len(self.cloud.hosts):
+                raise OneError(S.NO_EXISTS, "", host_id, obj="host")
+            if status not in (0, 1, 2):
+                raise OneError(S.INTERNAL, "Wrong status code")
+            host = self.cloud.hosts[host_id]
+            host.prev_state, host.state = host.state, (HOST_STATES["MONITORED"], HOST_STATES["DISABLED"],
+                                                       HOST_STATES["OFFLINE"])[status]
+            host.version += 1
+            self.cloud.locked_capacity_changed()
+            return host_id
 
     def vn_info(self, user: User, vn_id: int, decrypt: bool = False) -> str:
         """one.vn.info: the one network, with its leases."""

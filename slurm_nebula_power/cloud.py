@@ -14,6 +14,7 @@ import tenacity
 
 from .config import OneConfig
 from .errors import CloudError, TransientCloudError, VmNotFound
+from .grants import Rights, config_levels, group_levels, user_from_xml
 from .hosts import Host, VmNeeds, host_gpus, hosts_from_xml, vm_needs_from_xml
 from .model import Vm, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
@@ -147,6 +148,16 @@ class OneCloud:
     def hosts(self) -> list[Host]:
         """One host pool query: every host the user may see, with its state and PCI devices (VMID -1: free)."""
         return self.call("hostpool.info", lambda s: _parsed("hostpool.info", hosts_from_xml, s.call("hostpool.info")))
+
+    def rights(self) -> Rights:
+        """The user's groups and the VM operation levels set for it: its template, its primary group's, oned.conf's
+        (one.user.info -1, one.group.info, one.system.config: each open to the user itself)."""
+        uid, name, gid, groups, user = self.call("user.info", lambda s: _parsed(
+            "user.info", user_from_xml, s.call("user.info", -1, False)))
+        group = self.call(f"group.info {gid}", lambda s: _parsed(
+            "group.info", group_levels, s.call("group.info", gid, False)))
+        system = self.call("system.config", lambda s: _parsed("system.config", config_levels, s.call("system.config")))
+        return Rights(uid, name, gid, groups, user, group, system)
 
     def template_id(self, ref: str | int) -> int:
         """A template's numeric id, from its id or its name (one templatepool query)."""

@@ -10,6 +10,7 @@ simulator keeps it in memory), a second user (one.user.allocate on oned, add_vm(
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +23,7 @@ from typing import Any
 import pyone
 from onedfix import RealOned
 
-from opennebula_sim import Durations, SimConfig, TemplateSpec, default_hosts
+from opennebula_sim import Durations, SimConfig, TemplateSpec, default_hosts, running_simulator
 from opennebula_sim.handle import Simulator
 from slurm_nebula_power.model import ACTIVE, DONE, FAILURE_LCM, lcm_name, state_name
 
@@ -254,6 +255,53 @@ class Backend:
             ok, msg, *_ = self.raw("one.user.quota", int(uid), quota)
             assert ok, msg
         return int(uid), f"{name}:{password}"
+
+    @contextlib.contextmanager
+    def plain_user(self) -> Iterator[tuple[Backend, Callable[[str], None], Callable[[str], None]]]:
+        """A user of group users, no administrator, as a back end of its own that may instantiate the
+        templates, with grant(text) and grant_group(text) merging `text` into its user's or its group's
+        TEMPLATE as oneadmin does (`oneuser update --append`, `onegroup update --append`)."""
+        session = "contract-plain:Contract-Pass-2"
+        if self.sim is None:
+            assert self.oned is not None
+            uid, session = self.other_user("contract-plain", groups=[1])
+            for method, oid in (("one.template.chmod", self.gpu_template), ("one.template.chmod", self.cpu_template),
+                                ("one.vn.chmod", 0)):
+                assert self.raw(method, oid, -1, -1, -1, -1, -1, -1, 1, -1, -1)[0]  # others may use it
+                self.cleanup(lambda m=method, o=oid: self.raw(m, o, -1, -1, -1, -1, -1, -1, 0, -1, -1))
+            ok, body, *_ = self.raw("one.group.info", 1)
+            assert ok, body
+            found = ET.fromstring(body).find("TEMPLATE")
+            before = ET.tostring(found if found is not None else ET.Element("TEMPLATE"), encoding="unicode")
+            self.cleanup(lambda: self.raw("one.group.update", 1, before, 0))
+            yield (dataclasses.replace(self, name=f"{self.name} (user {uid})", auth=session),
+                   lambda text: self._ok("one.user.update", uid, text, 1),
+                   lambda text: self._ok("one.group.update", 1, text, 1))
+            return
+        with running_simulator(SIM_CONFIG, auth=session) as sim:
+            plain = sim_backend(sim)
+
+            def attrs(text: str) -> dict[str, str]:
+                key, _, value = text.partition("=")
+                return {key.strip(): value.strip().strip('"')}
+
+            yield (plain, lambda text: sim.set_user_template(**attrs(text)),
+                   lambda text: sim.set_group_template(**attrs(text)))
+
+    def enable_host(self, host: int) -> None:
+        """onehost enable, then wait until it takes VMs again (an OFFLINE host is monitored anew first)."""
+        self._ok("one.host.status", host, 0)
+        deadline = time.monotonic() + WAIT
+        while True:
+            found = ET.fromstring(self.raw("one.host.info", host)[1])
+            if found.findtext("STATE") == "2" and int(found.findtext("HOST_SHARE/MAX_CPU") or 0) > 0:
+                return
+            assert time.monotonic() < deadline, f"{self.name}: host {host} not MONITORED again after {WAIT} s"
+            time.sleep(0.2)
+
+    def _ok(self, method: str, *args: Any) -> None:
+        ok, answer, *_ = self.raw(method, *args)
+        assert ok, answer
 
     def quota_session(self, limit: str | None = 'VM = [ VMS = "0", RUNNING_VMS = "0" ]') -> str:
         """A session over its VM quota `limit` (None: no limit yet; called again, it sets the limit of the same

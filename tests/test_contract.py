@@ -1,5 +1,7 @@
 """The OpenNebula API the product relies on, written once and run against the simulator and real oned 7.0.2 and
-7.4.0 (tests/contract_support.py; docs/OPENNEBULA-FIDELITY.md lists each behaviour and what each side answers).
+7.4.0 (tests/contract_support.py; docs/OPENNEBULA-FIDELITY.md lists each behaviour and what each side answers):
+the VM life cycle, placement by oned's scheduler and by one.vm.deploy (direct placement), leases, CONTEXT,
+OneGate, pool queries, errors, quotas and the product's own template.
 
 Every test leaves the cloud as it found it: the `backend` fixture removes the test's VMs and waits until every
 GPU is free again, because the real instance is shared by the whole session.
@@ -8,9 +10,11 @@ GPU is free again, because the real instance is shared by the whole session.
 from __future__ import annotations
 
 import re
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyone
 import pytest
@@ -21,14 +25,19 @@ from support import make_setup
 
 from opennebula_sim import running_simulator
 from slurm_nebula_power.cli import template as template_cmd
+from slurm_nebula_power.cloud import OneCloud
+from slurm_nebula_power.config import OneConfig
 from slurm_nebula_power.errors import EXIT_OK, QuotaExceeded
+from slurm_nebula_power.hosts import hosts_from_xml, vm_needs_from_xml
 from slurm_nebula_power.model import vms_from_xml
 from slurm_nebula_power.onerpc import translate
+from slurm_nebula_power.placement import deploy_level
 from slurm_nebula_power.plan import extra_template
 
 BACKENDS = [pytest.param("sim", id="sim"),
             *(pytest.param(v, id=f"oned-{v}", marks=pytest.mark.xdist_group(f"oned-{v}")) for v in VERSIONS)]
 REFUSED = 0x800
+AUTHORIZATION, NO_EXISTS = 0x200, 0x400
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -341,6 +350,158 @@ def test_undeploy_gives_the_gpu_to_a_pending_vm(backend: Backend) -> None:
     backend.action("undeploy", filled[0])
     backend.wait(extra, "RUNNING", timeout=30)
     assert filled[0] not in backend.gpus().values()
+
+
+# ---- direct placement: hold, one.vm.deploy and its right ---------------------------------------------
+
+
+
+
+def host_ids(backend: Backend) -> list[int]:
+    ok, body, *_ = backend.raw("one.hostpool.info")
+    assert ok, body
+    return sorted(h.id for h in hosts_from_xml(body))
+
+
+def holder(backend: Backend, host: int) -> int:
+    """The VM holding the host's GPU (-1: free)."""
+    [held] = [vm for (name, _), vm in backend.gpus().items() if name == f"gpu-host-{host + 1:02d}"]
+    return held
+
+
+def deploy(backend: Backend, vm_id: int, host: int, enforce: bool = True, ds: int = -1) -> list[object]:
+    return backend.raw("one.vm.deploy", vm_id, host, enforce, ds)
+
+
+def test_a_vm_instantiated_on_hold_waits_and_carries_what_placing_it_needs(backend: Backend) -> None:
+    vm_id = backend.instantiate(name="held", hold=True)
+    assert state_str(backend.vm(vm_id)) == "HOLD"
+    needs = vm_needs_from_xml(backend.raw("one.vm.info", vm_id)[1])
+    print(f"{backend.name}: AUTOMATIC_REQUIREMENTS {needs.requirements!r}, DS {needs.ds_requirements!r}")
+    assert (needs.cpu, needs.memory_kb) == (10, 128 * 1024)  # CPU 0.1, MEMORY 128 of the template
+    assert [(p.vendor, p.klass) for p in needs.pci] == [("10de", "0302")]
+    assert "CLUSTER_ID = 0" in needs.requirements and "PIN_POLICY = PINNED" in needs.requirements
+    assert needs.ds_requirements == '("CLUSTERS/ID" @> 0)'
+
+
+def test_deploy_with_enforce_runs_the_vm_on_that_host_with_its_device(backend: Backend) -> None:
+    host = host_ids(backend)[2]
+    vm_id = backend.instantiate(name="placed", hold=True)
+    assert deploy(backend, vm_id, host)[:2] == [True, vm_id]
+    _, seen = backend.wait(vm_id, "RUNNING")
+    assert "HOLD" not in seen[1:] and "PENDING" not in seen, seen  # no scheduler in between
+    [parsed] = [v for v in vms_from_xml(backend.pool_text()) if v.id == vm_id]
+    assert parsed.host == f"gpu-host-{host + 1:02d}" and parsed.gpus and not parsed.without_devices
+    assert holder(backend, host) == vm_id  # oned's own accounting: the host's device names the VM
+
+
+def test_deploy_with_enforce_to_a_full_host_is_refused_and_the_vm_stays_on_hold(backend: Backend) -> None:
+    host = host_ids(backend)[0]
+    first = backend.instantiate(name="first", hold=True)
+    assert deploy(backend, first, host)[0] is True
+    backend.wait(first, "RUNNING")
+    second = backend.instantiate(name="second", hold=True)
+    answer = deploy(backend, second, host)
+    assert answer[:3] == [False, f"[one.vm.deploy] virtual machine [{second}] does not fit in host [{host}]. "
+                          "Unavailable PCI device.", REFUSED], answer
+    assert state_str(backend.vm(second)) == "HOLD" and holder(backend, host) == first
+
+
+def test_deploy_with_enforce_of_a_vm_asking_too_much_cpu_names_both_figures(backend: Backend) -> None:
+    ok, tid, *_ = backend.raw("one.template.allocate", 'NAME = "contract-huge"\nCPU = "1000"\nMEMORY = "64"\n')
+    assert ok, tid
+    backend.cleanup(lambda: backend.raw("one.template.delete", tid, False))
+    vm_id = backend.instantiate(template=tid, name="huge", hold=True)
+    answer = deploy(backend, vm_id, host_ids(backend)[0])
+    print(f"{backend.name}: {answer[1]}")
+    assert answer[0] is False and answer[2] == REFUSED
+    assert re.fullmatch(rf"\[one\.vm\.deploy\] virtual machine \[{vm_id}\] does not fit in host \[\d+\]\. "
+                        r"Not enough CPU: 100000/\d+", answer[1]), answer
+
+
+def test_deploy_without_enforce_to_a_full_host_runs_the_vm_without_a_device(backend: Backend) -> None:
+    host = host_ids(backend)[1]
+    first = backend.instantiate(name="first", hold=True)
+    assert deploy(backend, first, host)[0] is True
+    backend.wait(first, "RUNNING")
+    second = backend.instantiate(name="second", hold=True)
+    assert deploy(backend, second, host, enforce=False)[:2] == [True, second]
+    backend.wait(second, "RUNNING")
+    [parsed] = [v for v in vms_from_xml(backend.pool_text()) if v.id == second]
+    assert parsed.without_devices and holder(backend, host) == first
+
+
+def test_deploy_refusals_name_what_is_wrong(backend: Backend) -> None:
+    held = backend.instantiate(name="held", hold=True)
+    running = backend.running(name="running")
+    assert deploy(backend, held, 99999) == [False, "[one.vm.deploy] Error getting host [99999].", NO_EXISTS, 99999, -1]
+    assert deploy(backend, held, 0, True, 99)[:3] == [False, "[one.vm.deploy] Error getting datastore [99].",
+                                                      NO_EXISTS]
+    assert deploy(backend, running, 0)[:3] == [False, "[one.vm.deploy] Deploy action is not available for state "
+                                                      "RUNNING", REFUSED]
+    assert state_str(backend.vm(held)) == "HOLD"
+
+
+@pytest.mark.parametrize(("status", "accepted"), [(1, True), (2, False)])
+def test_a_disabled_host_is_deployed_to_an_offline_one_refused(backend: Backend, status: int,
+                                                               accepted: bool) -> None:
+    """oned only refuses an OFFLINE host: a host disabled after a client read the pool still gets its VM."""
+    host = host_ids(backend)[3]
+    assert backend.raw("one.host.status", host, status)[0] is True
+    backend.cleanup(lambda: backend.enable_host(host))
+    vm_id = backend.instantiate(name="onto", hold=True)
+    answer = deploy(backend, vm_id, host)
+    if accepted:
+        assert answer[:2] == [True, vm_id]
+        backend.wait(vm_id, "RUNNING")
+    else:
+        assert answer[:3] == [False, "[one.vm.deploy] Host is offline, cannot use it to deploy VM", REFUSED]
+        assert state_str(backend.vm(vm_id)) == "HOLD"
+
+
+def _deploy_right(plain: Backend) -> str:
+    """The deploy level the product reads from the plain user's documents."""
+    cloud = OneCloud(OneConfig(endpoint=plain.endpoint, auth_file=Path("/dev/null"), session=plain.auth))
+    rights = cloud.rights()
+    return deploy_level(rights.user, rights.group, rights.system)
+
+
+@pytest.mark.parametrize("whose", ["user", "group"])
+def test_deploy_is_an_admin_operation_a_user_or_group_template_makes_it_manage(backend: Backend,
+                                                                              whose: str) -> None:
+    with backend.plain_user() as (plain, grant_user, grant_group):
+        uid = int(ET.fromstring(plain.raw("one.user.info", -1)[1]).findtext("ID") or -1)
+        vm_id = plain.instantiate(name="plain", hold=True)
+        answer = deploy(plain, vm_id, host_ids(backend)[0])
+        assert answer[:3] == [False, f"[one.vm.deploy] User [{uid}] : Not authorized to perform ADMIN VM "
+                              f"[{vm_id}].", AUTHORIZATION], answer
+        assert _deploy_right(plain) == "ADMIN"
+        (grant_user if whose == "user" else grant_group)('VM_MANAGE_OPERATIONS = "deploy"')
+        assert _deploy_right(plain) == "MANAGE"
+        assert deploy(plain, vm_id, host_ids(backend)[0])[:2] == [True, vm_id]
+        plain.wait(vm_id, "RUNNING")
+
+
+def test_two_deploys_to_one_last_device_at_once_never_give_it_twice(backend: Backend) -> None:
+    """Real oned tests the room at the call and takes it later (LifeCycleManager::trigger_deploy): several
+    deploys to the last device at once may all be accepted, and the VMs that lost run without it."""
+    host = host_ids(backend)[0]
+    ids = [backend.instantiate(name=f"race{i}", hold=True) for i in range(4)]
+    answers: dict[int, list[object]] = {}
+    threads = [threading.Thread(target=lambda v=vm_id: answers.__setitem__(v, deploy(backend, v, host)))
+               for vm_id in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    accepted = [v for v in ids if answers[v][0] is True]
+    for vm_id in accepted:
+        backend.wait(vm_id, "RUNNING")
+    print(f"{backend.name}: {len(accepted)} of 4 deploys to the last device accepted")
+    parsed = {v.id: v for v in vms_from_xml(backend.pool_text())}
+    with_device = [v for v in accepted if not parsed[v].without_devices]
+    assert with_device == [holder(backend, host)]  # one VM has the device, as oned's host share says
+    assert all(state_str(backend.vm(v)) == "HOLD" for v in ids if v not in accepted)
 
 
 # ---- the IP lease ------------------------------------------------------------------------------------------
