@@ -17,6 +17,7 @@ from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_l
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
 from .hostlists import fold
 from .operation import Cloud
+from .placecheck import check_placement
 from .shapes import (
     MEMORY_RATIO,
     RESUME_MARGIN,
@@ -246,15 +247,16 @@ def check_burst_time(report: Report, config: Config, per_plan: int) -> None:
     Resume sends a wave of at most per_plan VMs per placement plan; a node still unsent boot_timeout after
     the run began is handed back (resume.py), so a node set whose boot_timeout is shorter than the time to
     send the last wave loses its last nodes in a burst of the whole cluster."""
-    total = len(config.all_nodes)
+    paced = [ns for ns in config.nodesets if ns.placement == "scheduler"]  # direct placement sends no waves
+    total = sum(len(ns.nodes) for ns in paced)
     waves = math.ceil(total / per_plan)
     if waves < 2:
         return
     last = (waves - 1) * PLAN_SECONDS
-    how = (f"a resume of all {total} nodes at once goes out in {waves} waves of at most {per_plan} VMs (one a "
-           f"placement plan), the last about {last} s after the first at {PLAN_SECONDS} s a plan with oned's "
-           "stock scheduler settings")
-    short = [ns for ns in config.nodesets if ns.boot_timeout <= last]
+    how = (f"a resume of all {total} nodes oned's scheduler places at once goes out in {waves} waves of at most "
+           f"{per_plan} VMs (one a placement plan), the last about {last} s after the first at {PLAN_SECONDS} s a "
+           "plan with oned's stock scheduler settings")
+    short = [ns for ns in paced if ns.boot_timeout <= last]
     if not short:
         report.ok("[opennebula] bursts", f"{how}: within every node set's boot_timeout")
     for nodeset in short:
@@ -337,6 +339,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         check_onegate(report, config, cloud)
         check_template_context(report, config, cloud)
         check_capacity(report, config, cloud)
+        check_placement(report, config, cloud)
     if conf is not None:
         check_coverage(report, config, conf)
         check_suspend_exclusions(report, config, conf)

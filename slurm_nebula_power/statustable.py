@@ -38,6 +38,7 @@ def row(view: NodeView, diagnosis: Diagnosis, now: float) -> dict[str, Any]:
     return {
         "node": view.node,
         "nodeset": view.nodeset.nodes_expr if view.nodeset else None,
+        "placement": view.nodeset.placement if view.nodeset else None,
         "slurm_state": st.state if st else None,
         "slurm_reason": st.reason if st else None,
         "vm_id": vm.id if vm else None,
@@ -77,6 +78,13 @@ def table_rows(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | N
     views = survey(config, cloud, states, nodes)
     when = now()
     return [row(v, diagnose(v, when, config.power.reconcile_grace, states is not None), when) for v in views]
+
+
+def placement_line(config: Config) -> str:
+    """Who places each node set's VMs: oned's scheduler, or resume itself (placement = "direct")."""
+    return "Placement: " + ", ".join(f"{ns.nodes_expr} {ns.placement}" for ns in config.nodesets) + (
+        " (direct: resume deploys each VM to a host it chose)" if any(ns.placement == "direct"
+                                                                       for ns in config.nodesets) else "")
 
 
 def prolog_line(config: Config) -> str | None:

@@ -546,7 +546,7 @@ def test_a_burst_of_every_node_slower_to_send_than_boot_timeout_is_a_warning_who
     assert sorted(warned) == ["node set cpu[01-02] boot_timeout", "node set gpu[001-200] boot_timeout"]
     hit = warned["node set gpu[001-200] boot_timeout"]
     assert hit["level"] == "warning" and code == EXIT_OK
-    assert "all 202 nodes at once goes out in 51 waves of at most 4 VMs" in hit["text"]
+    assert "all 202 nodes oned's scheduler places at once goes out in 51 waves of at most 4 VMs" in hit["text"]
     assert "above its boot_timeout 600 s" in hit["text"]
     [boot] = re.findall(r"set boot_timeout = (\d+) ", hit["fix"])
     assert int(boot) > 600 and f"ResumeTimeout={int(boot) + 300}" in hit["fix"]
@@ -724,3 +724,30 @@ def test_a_program_whose_interpreter_slurmuser_cannot_reach_is_a_problem(site, c
         assert f"SlurmUser slurm cannot run its interpreter {python}" in said
     finally:
         shutil.rmtree(public, ignore_errors=True)
+
+
+def test_the_deploy_right_and_what_to_grant_for_direct_placement(tmp_path, capsys) -> None:
+    plain = "slurm:Plain-pass-1"
+    with running_simulator(fast_config(), auth=plain) as sim:
+        site = make_setup(tmp_path / "site", sim.endpoint, plain, nodesets=NODESETS.replace(
+            "boot_timeout = 600\n", 'boot_timeout = 600\nplacement = "direct"\n'))
+        _, found = findings(site, capsys)
+        [right] = [f for f in found if f["subject"] == "OpenNebula user slurm deploy right"]
+        assert right["level"] == "warning"
+        assert right["text"].startswith("may not deploy: deploy is an ADMIN operation for it (oned.conf), and node "
+                                        'sets gpu[01-04] use placement = "direct"')
+        assert 'put VM_MANAGE_OPERATIONS = "deploy" in user slurm\'s template' in right["fix"]
+        assert "`oneuser update slurm FILE --append`" in right["fix"]
+        sim.set_user_template(VM_MANAGE_OPERATIONS="deploy")  # what the fix says oneadmin does
+        _, found = findings(site, capsys)
+        [right] = [f for f in found if f["subject"] == "OpenNebula user slurm deploy right"]
+        assert right["level"] == "ok" and right["text"] == (
+            'may deploy its VMs: deploy is a MANAGE operation for it (its user template); node sets gpu[01-04] use '
+            'placement = "direct"')
+
+
+def test_an_administrator_may_deploy_and_the_scheduler_needs_no_grant(site, capsys) -> None:
+    _, found = findings(site, capsys)
+    [right] = [f for f in found if f["subject"] == "OpenNebula user oneadmin deploy right"]
+    assert (right["level"], right["text"]) == (
+        "ok", 'may deploy: the user is in group oneadmin; no node set uses placement = "direct"')

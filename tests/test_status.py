@@ -27,12 +27,13 @@ def test_table_has_one_row_per_node_with_every_column(sim, setup, capsys) -> Non
     vm_id = sim.add_vm(name="gpu01", **ours_vm("gpu01"), state="RUNNING")
     setup.set_nodes(show("gpu01 State=IDLE+CLOUD NodeAddr=127.0.1.1", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
     assert status.main(["gpu[01-02]"], setup.env) == EXIT_OK
-    header, gpu01, gpu02, footer = capsys.readouterr().out.splitlines()
+    header, gpu01, gpu02, placement, footer = capsys.readouterr().out.splitlines()
     assert header.split() == ["NODE", "SLURM", "VM", "STATE", "IP", "HOST", "AGE", "PROBLEM"]
     assert gpu01.split()[:6] == ["gpu01", "IDLE+CLOUD", str(vm_id), "ACTIVE/RUNNING", "127.0.1.1",
                                  "gpu-host-01"]
     assert gpu01.split()[6].endswith("s"), "an age such as 0s"
     assert gpu02.split() == ["gpu02", "IDLE+CLOUD+POWERED_DOWN", "-", "-", "-", "-", "-"]
+    assert placement == "Placement: gpu[01-08] scheduler, cpu[01-04] scheduler"
     assert footer.startswith("PrologSlurmctld: not set, not slurm-nebula-prolog: a job starts only at")
 
 
@@ -59,8 +60,9 @@ def test_json_rows_name_states_in_words(sim, setup, capsys) -> None:
     code, found = rows(capsys, setup.env, "gpu01")
     assert code == EXIT_OK
     assert found["gpu01"] == {
-        "node": "gpu01", "nodeset": "gpu[01-08]", "slurm_state": "ALLOCATED+CLOUD+POWERING_UP",
-        "slurm_reason": "", "vm_id": vm_id, "vm_ids": [vm_id], "vm_state": "ACTIVE", "lcm_state": "BOOT",
+        "node": "gpu01", "nodeset": "gpu[01-08]", "placement": "scheduler",
+        "slurm_state": "ALLOCATED+CLOUD+POWERING_UP", "slurm_reason": "", "vm_id": vm_id, "vm_ids": [vm_id],
+        "vm_state": "ACTIVE", "lcm_state": "BOOT",
         "ip": "127.0.1.1", "host": "gpu-host-01", "age_seconds": found["gpu01"]["age_seconds"],
         "problems": []}
     assert isinstance(found["gpu01"]["age_seconds"], int)
@@ -268,3 +270,16 @@ def test_a_down_or_drained_node_is_a_problem_also_when_not_responding(sim, setup
     assert code == EXIT_NODES_FAILED
     word = "DRAIN" if "DRAIN" in state else "DOWN"
     assert f"Slurm {word}: Not_responding" in found["gpu01"]["problems"]
+
+
+def test_status_says_who_places_each_node_sets_vms(sim, tmp_path, capsys) -> None:
+    nodesets = ('[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "slurm-gpu-worker"\nplacement = "direct"\n\n'
+                '[[nodeset]]\nnodes = "cpu01"\ntemplate = "slurm-cpu-worker"\n')
+    setup = make_setup(tmp_path / "direct", sim.endpoint, AUTH, nodesets)
+    setup.set_nodes("")
+    status.main(["gpu01"], setup.env)
+    placement = capsys.readouterr().out.splitlines()[-2]
+    assert placement == ("Placement: gpu[01-02] direct, cpu01 scheduler (direct: resume deploys each VM to a host "
+                         "it chose)")
+    _, found = rows(capsys, setup.env, "gpu01,cpu01")
+    assert (found["gpu01"]["placement"], found["cpu01"]["placement"]) == ("direct", "scheduler")

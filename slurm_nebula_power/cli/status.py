@@ -13,7 +13,7 @@ from ..config import Config
 from ..errors import EXIT_NODES_FAILED, EXIT_OK, SlurmError
 from ..hostlists import expand
 from ..slurm import scontrol_for
-from ..statustable import capacity, prolog_line, render, render_capacity, table_rows
+from ..statustable import capacity, placement_line, prolog_line, render, render_capacity, table_rows
 from .common import interactive_cloud, make_parser, run_command
 
 
@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 print(render(rows, not args.no_slurm))
                 if gpus is not None:
                     print(render_capacity(gpus))
+                print(placement_line(config))
             if footer:
                 print(footer)
             return EXIT_NODES_FAILED if any(r["problems"] for r in rows) else EXIT_OK
