@@ -1,5 +1,6 @@
-"""The simplest clients of a real oned, over plain xmlrpc.client: how fast it accepts instantiates, and
-how fast it places them when they are sent at once, in waves, or through a sliding window.
+"""The simplest clients of a real oned, over plain xmlrpc.client: how fast it accepts instantiates, how fast
+it places them when they are sent at once, in waves, or through a sliding window, and the floor of direct
+placement: instantiate-on-hold + deploy pairs to the free GPUs of one host pool read.
 
 Used by bench/oned_bench.py; standard library only.  Every address it talks to is the endpoint it is given
 (bench/oned_bench.py gives it a loopback one).
@@ -7,6 +8,7 @@ Used by bench/oned_bench.py; standard library only.  Every address it talks to i
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -91,6 +93,10 @@ class Run:
     stalled: bool = False
     max_pending: int = 0
     messages: int = 0  # most VMs PENDING with a SCHED_MESSAGE at once
+    first_running: float | None = None  # seconds until the first VM was RUNNING
+    calls: int = 0  # API calls made (the polls included)
+    cpu: float = 0.0  # CPU seconds of this process during the run (its threads, the polls included)
+    load: tuple[list[float], list[float]] = ([], [])  # load average before and after
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, pending, running)
 
 
@@ -133,6 +139,9 @@ def paced(client: Client, tid: int, nodes: int, mode: str, width: int, prefix: s
             run.messages = max(run.messages, sum(1 for s in mine.values() if s[0] == PENDING and s[2]))
             run.max_pending = max(run.max_pending, pending)
             run.timeline.append((round(now - start, 2), pending, running))
+            run.calls += 1 if created else 0
+            if running and run.first_running is None:
+                run.first_running = now - start
             if running == nodes:
                 run.all_running = now - start
                 return run
@@ -151,4 +160,56 @@ def paced(client: Client, tid: int, nodes: int, mode: str, width: int, prefix: s
                 calls.append(pool.submit(
                     lambda n=name: int(client.call("template.instantiate", tid, n, False, "", False))))
                 sent += 1
+                run.calls += 1
             time.sleep(poll)
+
+
+def free_gpus(client: Client) -> list[int]:
+    """One host pool read: a host id per free GPU (class 03xx) of the hosts that take VMs, host by host (pack)."""
+    root = ET.fromstring(client.call("hostpool.info"))
+    return [int(host.findtext("ID") or -1) for host in root.findall("HOST") if host.findtext("STATE") == "2"
+            for pci in host.findall("HOST_SHARE/PCI_DEVICES/PCI")
+            if (pci.findtext("CLASS") or "").startswith("03") and pci.findtext("VMID") == "-1"]
+
+
+def direct(client: Client, tid: int, nodes: int, prefix: str, threads: int = 12, poll: float = 0.1,
+           timeout: float = 900.0) -> Run:
+    """The floor of direct placement: one host pool read, then `nodes` instantiate-on-hold + deploy (with
+    enforce) pairs from `threads` threads, each VM to the next free GPU (pack), watched to RUNNING (a poll
+    every 0.1 s, as oned_bench watches resume)."""
+    run = Run("direct", threads, nodes, load=([round(x, 2) for x in os.getloadavg()], []))
+    cpu, start = time.process_time(), time.monotonic()
+    slots = free_gpus(client)
+    if len(slots) < nodes:
+        raise RuntimeError(f"{len(slots)} free GPUs for {nodes} nodes")
+
+    def pair(index: int) -> int:
+        vm_id = int(client.call("template.instantiate", tid, f"{prefix}{index:05d}", True, "", False))
+        client.call("vm.deploy", vm_id, slots[index], True, -1)
+        return vm_id
+
+    with ThreadPoolExecutor(threads) as workers:
+        calls = [workers.submit(pair, i) for i in range(nodes)]
+        run.calls = 1 + 2 * nodes
+        while True:
+            now = time.monotonic()
+            if not run.accepted and all(c.done() for c in calls):
+                for c in calls:
+                    c.result()  # a refused pair ends the run with its error
+                run.accepted = now - start
+            states = client.states(prefix)
+            run.calls += 1
+            running = sum(1 for s in states.values() if s[0] == ACTIVE and s[1] == RUNNING_LCM)
+            run.timeline.append((round(now - start, 2), len(states) - running, running))
+            if running and run.first_running is None:
+                run.first_running = now - start
+            if running == nodes:
+                run.all_running = now - start
+                break
+            if now - start > timeout:
+                run.stalled = True
+                break
+            time.sleep(poll)
+    run.cpu = time.process_time() - cpu
+    run.load = (run.load[0], [round(x, 2) for x in os.getloadavg()])
+    return run
