@@ -15,14 +15,15 @@ starts a fresh one for the next run.  See bench/README.md, "Real oned".
   burst:N           N at once, watched until all RUNNING (or stalled)
   wave:W:N          waves of W, the next once the last wave's VMs all left PENDING
   window:W:N        at most W VMs PENDING (or being instantiated) at any time
-  direct:N          the floor of direct placement: N instantiate-on-hold + deploy pairs, 12 threads (resume's
-                    max_parallel), each VM to the next free GPU of one host pool read
+  direct:N[:tagged] the floor of direct placement: N instantiate-on-hold + deploy pairs, 12 threads (resume's
+                    max_parallel), each VM to the next free GPU of one host pool read; `tagged`: each
+                    instantiate with the extra template resume sends (the same VMs as resume makes)
   resume:N:P:W[:direct]  a --resume item run here, between the clients (the same oned, minutes apart)
 --resume items: N:MAX_PARALLEL:MAX_PENDING[:direct], the installed slurm-nebula-resume then
 slurm-nebula-suspend of N nodes, started as slurmctld starts them (bench/power_bench.py's launcher), the node
 set's placement "scheduler" or "direct"; a poller beside it times the first and the last VM RUNNING.
 --suite placement: for each of --sizes, on 20 hosts x 60 GPUs unless --hosts/--gpus say otherwise:
-direct:N, resume:N:12:30:direct, wave:20:N, resume:N:12:30 (issue 24's comparison).
+direct:N, direct:N:tagged, resume:N:12:30:direct, wave:20:N, resume:N:12:30 (issue 24's comparison).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +108,8 @@ def run_client(oned: Oned, item: str) -> dict[str, Any]:
         seconds = onedpace.accept_rate(client, tid, nodes, 32, prefix)
         out: dict[str, Any] = {"item": item, "nodes": nodes, "accepted": seconds, "per_second": nodes / seconds}
     elif kind == "direct":
-        out = {"item": item, **vars(onedpace.direct(client, tid, int(numbers[0]), prefix, MAX_PARALLEL))}
+        extra = tagged(client, tid) if numbers[1:] == ["tagged"] else ""
+        out = {"item": item, **vars(onedpace.direct(client, tid, int(numbers[0]), prefix, MAX_PARALLEL, extra=extra))}
     else:
         width, nodes = (0, int(numbers[0])) if kind == "burst" else (int(numbers[0]), int(numbers[1]))
         run = onedpace.paced(client, tid, nodes, kind, width, prefix)
@@ -119,6 +122,16 @@ def run_client(oned: Oned, item: str) -> dict[str, Any]:
     except (RuntimeError, OSError) as exc:
         out["clean"] = str(exc)
     return out
+
+
+def tagged(client: onedpace.Client, tid: int) -> str:
+    """The extra template resume sends with each instantiate (its tags and the template's CONTEXT with them),
+    so that the floor makes the same VMs."""
+    from slurm_nebula_power.plan import extra_template
+
+    found = ET.fromstring(client.call("template.info", tid, False, False)).find("TEMPLATE/CONTEXT")
+    context = {item.tag: item.text or "" for item in (found if found is not None else ())}
+    return extra_template(power_bench.CLUSTER, "gpu00001", [1], context)
 
 
 def write_site(root: Path, oned: Oned, nodes: int, parallel: int, max_pending: int,
@@ -233,7 +246,7 @@ def suite(sizes: str, hosts: int) -> str:
     """--suite placement: per size, the direct floor, resume with each placement, the wave client between."""
     items = []
     for n in (int(x) for x in sizes.split(",") if x):
-        items += [f"direct:{n}", f"resume:{n}:{MAX_PARALLEL}:30:direct", f"wave:{hosts}:{n}",
+        items += [f"direct:{n}", f"direct:{n}:tagged", f"resume:{n}:{MAX_PARALLEL}:30:direct", f"wave:{hosts}:{n}",
                   f"resume:{n}:{MAX_PARALLEL}:30"]
     return ",".join(items)
 

@@ -173,10 +173,10 @@ def free_gpus(client: Client) -> list[int]:
 
 
 def direct(client: Client, tid: int, nodes: int, prefix: str, threads: int = 12, poll: float = 0.1,
-           timeout: float = 900.0) -> Run:
+           timeout: float = 900.0, extra: str = "") -> Run:
     """The floor of direct placement: one host pool read, then `nodes` instantiate-on-hold + deploy (with
-    enforce) pairs from `threads` threads, each VM to the next free GPU (pack), watched to RUNNING (a poll
-    every 0.1 s, as oned_bench watches resume)."""
+    enforce) pairs from `threads` threads (`extra`: the extra template of every instantiate), each VM to the
+    next free GPU (pack), watched to RUNNING (a poll every 0.1 s, as oned_bench watches resume)."""
     run = Run("direct", threads, nodes, load=([round(x, 2) for x in os.getloadavg()], []))
     cpu, start = time.process_time(), time.monotonic()
     slots = free_gpus(client)
@@ -184,7 +184,7 @@ def direct(client: Client, tid: int, nodes: int, prefix: str, threads: int = 12,
         raise RuntimeError(f"{len(slots)} free GPUs for {nodes} nodes")
 
     def pair(index: int) -> int:
-        vm_id = int(client.call("template.instantiate", tid, f"{prefix}{index:05d}", True, "", False))
+        vm_id = int(client.call("template.instantiate", tid, f"{prefix}{index:05d}", True, extra, False))
         client.call("vm.deploy", vm_id, slots[index], True, -1)
         return vm_id
 

@@ -395,11 +395,17 @@ def test_deploy_with_enforce_runs_the_vm_on_that_host_with_its_device(backend: B
     assert holder(backend, host) == vm_id  # oned's own accounting: the host's device names the VM
 
 
-def test_deploy_with_enforce_to_a_full_host_is_refused_and_the_vm_stays_on_hold(backend: Backend) -> None:
-    host = host_ids(backend)[0]
+def full_host(backend: Backend, index: int) -> tuple[int, int]:
+    """(host, the VM now holding its one GPU): a VM on hold deployed there, RUNNING."""
+    host = host_ids(backend)[index]
     first = backend.instantiate(name="first", hold=True)
     assert deploy(backend, first, host)[0] is True
     backend.wait(first, "RUNNING")
+    return host, first
+
+
+def test_deploy_with_enforce_to_a_full_host_is_refused_and_the_vm_stays_on_hold(backend: Backend) -> None:
+    host, first = full_host(backend, 0)
     second = backend.instantiate(name="second", hold=True)
     answer = deploy(backend, second, host)
     assert answer[:3] == [False, f"[one.vm.deploy] virtual machine [{second}] does not fit in host [{host}]. "
@@ -420,10 +426,7 @@ def test_deploy_with_enforce_of_a_vm_asking_too_much_cpu_names_both_figures(back
 
 
 def test_deploy_without_enforce_to_a_full_host_runs_the_vm_without_a_device(backend: Backend) -> None:
-    host = host_ids(backend)[1]
-    first = backend.instantiate(name="first", hold=True)
-    assert deploy(backend, first, host)[0] is True
-    backend.wait(first, "RUNNING")
+    host, first = full_host(backend, 1)
     second = backend.instantiate(name="second", hold=True)
     assert deploy(backend, second, host, enforce=False)[:2] == [True, second]
     backend.wait(second, "RUNNING")
