@@ -63,7 +63,10 @@ class Direct:
         self._sets: dict[int, _Set] = {}  # id(nodeset) -> its state
         self._reserved: dict[str, tuple[Host, list[PciDevice]]] = {}  # node -> host chosen before its call
         self._by_job: dict[int, Counter[int]] = {}  # job -> host id -> its VMs there
-        self._unplaced = {job: set(nodes) for job, nodes in nodes_by_job(jobs).items()}  # job -> nodes to place
+        self._left: Counter[tuple[int, int]] = Counter()  # (job, id(nodeset)) -> its nodes not placed yet
+        for job, nodes in nodes_by_job(jobs).items():
+            self._left.update((job, id(ns)) for n in nodes if (ns := ctx.config.nodeset_for(n)) is not None)
+        self._chosen: set[str] = set()  # nodes placed once (a recreate is not counted again)
         self._read = False
         self._lock = threading.RLock()
 
@@ -193,16 +196,17 @@ class Direct:
         near: Counter[int] = Counter()
         for job in jobs:
             near.update(self._by_job.get(job, {}))
-        config = self.ctx.config
         # the job's nodes of this node set still to place (its earliest job's), so that they go together
-        want = sum(1 for n in self._unplaced.get(jobs[0], ()) if config.nodeset_for(n) is boot.nodeset) if jobs else 1
+        want = self._left[(jobs[0], id(boot.nodeset))] if jobs else 1
         hosts = [h for h in state.hosts if h.id in self.rooms.hosts]
         chosen = choose(self.rooms, hosts, state.needs, near, max(want, 1))
         if chosen is not None:
             self.rooms.take(chosen[0].id, state.needs, chosen[1])
             for job in jobs:
                 self._by_job.setdefault(job, Counter())[chosen[0].id] += 1
-                self._unplaced.get(job, set()).discard(boot.node)
+                if boot.node not in self._chosen:
+                    self._left[(job, id(boot.nodeset))] -= 1
+            self._chosen.add(boot.node)
         return chosen
 
     def displaced(self, boots: Sequence[Boot]) -> set[str]:
