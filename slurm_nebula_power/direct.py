@@ -67,6 +67,7 @@ class Direct:
         for job, nodes in nodes_by_job(jobs).items():
             self._left.update((job, id(ns)) for n in nodes if (ns := ctx.config.nodeset_for(n)) is not None)
         self._chosen: set[str] = set()  # nodes placed once (a recreate is not counted again)
+        self._diverted: set[str] = set()  # nodes no host of the read had room for: oned's scheduler's
         self._read = False
         self._lock = threading.RLock()
 
@@ -84,22 +85,27 @@ class Direct:
                 self.rooms = Rooms(hosts) if hosts else None
                 if hosts is None:
                     log.warning("direct placement needs the host pool (see check): oned's scheduler places")
-            return self.rooms is not None and self._state(boot.nodeset).fallback is None
+            return (self.rooms is not None and self._state(boot.nodeset).fallback is None
+                    and boot.node not in self._diverted)
 
-    def send(self, boot: Boot, plan: Plan, pool: Executor, start: Callable[[Boot, Plan], int]) -> None:
-        """Send one node (called in jobs-first order): its host is chosen now, then its call submitted. The
-        calls of a node set wait for its first VM, which tells what they ask of a host and whether the user
-        may deploy."""
+    def send(self, boot: Boot, plan: Plan, pool: Executor, start: Callable[[Boot, Plan], int]) -> bool:
+        """Send one node (called in jobs-first order): its host is chosen now, then its call submitted; False
+        when no host of the read has room for it (oned's scheduler gets it, paced, never a burst of releases).
+        The calls of a node set wait for its first VM, which tells what they ask of a host and whether the
+        user may deploy."""
         with self._lock:
             state = self._state(boot.nodeset)
             learning = state.needs is None
             if not learning and state.fallback is None:
                 chosen = self._choose(boot, state)
-                if chosen is not None:
-                    self._reserved[boot.node] = chosen
+                if chosen is None:
+                    self._diverted.add(boot.node)
+                    return False
+                self._reserved[boot.node] = chosen
         boot.future = pool.submit(start, boot, plan)
         if learning:
             wait([boot.future])
+        return True
 
     def _state(self, nodeset: NodeSet) -> _Set:
         return self._sets.setdefault(id(nodeset), _Set())
@@ -179,6 +185,8 @@ class Direct:
                     state.hosts = candidates(hosts, needs)
                 except Unsupported as exc:
                     state.fallback = f"the template asks for {exc}, which only oned's scheduler honours"
+                if not state.hosts and state.fallback is None:
+                    state.fallback = f"no host of the {len(hosts)} the user sees takes VMs and meets its requirements"
                 if state.fallback is None:
                     log.info("node set %s: direct placement on %d of %d hosts (requirements %r, %r)",
                              nodeset.nodes_expr, len(state.hosts), len(hosts), needs.requirements,

@@ -105,9 +105,9 @@ class _Resume:
             self.waves.pacer = Pacer(ctx.config.opennebula.max_pending,
                                      None if hosts is None else sum(1 for h in hosts if h.placeable))
             for boot, plan in jobs_first(plans, self.jobs, lambda item: item[0].node):
-                if self.direct.takes(boot, plan):
-                    self.direct.send(boot, plan, self.pool, self._start)
-                elif plan.action in PACED:
+                if self.direct.takes(boot, plan) and self.direct.send(boot, plan, self.pool, self._start):
+                    continue
+                if plan.action in PACED:
                     self.waves.waiting.append((boot, plan))
                 else:
                     boot.future = self.pool.submit(self._start, boot, plan)

@@ -11,9 +11,9 @@ import pytest
 from simfixtures import AUTH, calls, fast_config, vms_of
 from support import make_setup
 
-from opennebula_sim import running_simulator
+from opennebula_sim import Durations, HostSpec, SimConfig, running_simulator
 from opennebula_sim import states as S
-from opennebula_sim.config import TemplateSpec
+from opennebula_sim.config import TemplateSpec, default_pci
 from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 
@@ -185,3 +185,18 @@ def test_a_vm_that_got_no_device_is_made_again(tmp_path, sim) -> None:
     [vm] = vms_of(sim, "gpu01")
     assert state(vm) == RUNNING and vm.pci and vm.host == "gpu-host-02"
     assert "without a host device for its PCI entries" in setup.log_text()
+
+
+def test_nodes_no_host_has_room_for_go_to_the_scheduler_paced_not_released(tmp_path) -> None:
+    """The GPU count admits 12 nodes (16 GPUs free), but the hosts' CPU takes 8 VMs: resume deploys 8 and sends
+    the other 4 to oned's scheduler in its waves, instead of making them on hold and releasing them at once."""
+    hosts = tuple(HostSpec(name=f"gpu-host-0{i}", cpu=1600, pci=default_pci(4, 1)) for i in range(1, 5))
+    with running_simulator(SimConfig(hosts=hosts, durations=Durations(0, 0, 0, 0)), auth=AUTH) as sim:
+        setup = direct_setup(tmp_path, sim, extra='job_policy = "best-effort"\n')
+        assert resume_main(["gpu[01-12]"], setup.env) == EXIT_NODES_FAILED
+        assert calls(sim, "one.vm.deploy") == 8 and calls(sim, "one.vm.action") == 4  # the 4 removed at the end
+        log = setup.log_text()
+        assert "released to oned's scheduler" not in log
+        running = [vm for vm in sim.vms() if vm.state_str == "RUNNING"]
+        assert len(running) == 8
+        assert "8 done, 4 failed (not placed within pending_timeout 3s although 8 free" in log
