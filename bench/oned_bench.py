@@ -150,8 +150,8 @@ def write_site(root: Path, oned: Oned, nodes: int, parallel: int, max_pending: i
 
 
 class Watch(threading.Thread):
-    """Polls the pool (one.vmpool.info, every 0.1 s) while a program runs: when the first and the last of
-    its `nodes` VMs were RUNNING, in seconds from `start`."""
+    """Polls the pool (one.vmpool.info, as often as onedpace.pause says) while a program runs: when the first
+    and the last of its `nodes` VMs were RUNNING, in seconds from `start`."""
 
     def __init__(self, client: onedpace.Client, nodes: int, start: float) -> None:
         super().__init__(daemon=True)
@@ -172,7 +172,7 @@ class Watch(threading.Thread):
                 self.first = now
             if running >= self.nodes:
                 self.last = now
-            self.stop.wait(0.1)
+            self.stop.wait(onedpace.pause(now, self.first is not None))
 
 
 def api_calls(log: Path) -> int | None:
