@@ -202,6 +202,8 @@ def run_resume(oned: Oned, item: str, work: Path) -> dict[str, Any]:
         states = client.states("gpu")
         running = sum(1 for s in states.values() if s[0] == onedpace.ACTIVE and s[1] == onedpace.RUNNING_LCM)
         result["ok"] = result["rc"] == 0 and (running == int(nodes) if program == "resume" else not states)
+        if program == "resume" and watch.last is None and running == int(nodes):
+            watch.last = result["wall"]  # all RUNNING between the watcher's last read and resume's exit: at most this
         result.update(first_running=watch.first, all_running=watch.last, calls=api_calls(root / "nebula-power.log"),
                       load=(load, [round(x, 2) for x in os.getloadavg()]))
         out[program] = result
