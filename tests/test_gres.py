@@ -1,5 +1,5 @@
-"""gres.conf: the lines `slurm-conf --gres-conf` prints for the GPU node sets, and what `check` says of the gres.conf
-beside slurm.conf."""
+"""gres.conf: the lines `slurm-conf --gres-conf` prints for the GPU node sets, what `check` says of the gres.conf
+beside slurm.conf, and what the real slurmctld and slurmd do with each case `check` calls a problem."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from simfixtures import AUTH, fast_config
-from slurmharness import rewrite_lines
+from slurm_findings import finding
+from slurmharness import SlurmCluster, SlurmCommandError, SlurmTimeout, rewrite_lines
 from support import Setup, make_setup
 
 from opennebula_sim import TemplateSpec, running_simulator
@@ -234,3 +235,68 @@ def test_an_unreadable_gres_conf_is_a_problem(gpu_sim, tmp_path, capsys) -> None
         (f"gres.conf {path}", f"{path}: cannot read gres.conf: Is a directory; run check as root or as SlurmUser "
                               "on the slurmctld host")]
 
+
+# ---- the real slurmctld and slurmd --------------------------------------------------------------------
+
+VM_GPUS = 2  # the devices a VM of template h100x2 has
+
+
+def last_fatal(log: str) -> str:
+    """The last fatal (else error) line of a Slurm log, without its time stamp."""
+    for word in ("fatal:", "error:"):
+        lines = [line.split("] ", 1)[-1] for line in log.splitlines() if word in line]
+        if lines:
+            return lines[-1]
+    return "(nothing in the log)"
+
+
+def real_outcome(cluster: SlurmCluster) -> tuple[bool, str]:
+    """Start slurmctld on the case's files, boot gpu01 as a VM with its GPU devices, run a job that asks for
+    all of them: (whether the job saw each device, what happened on the way)."""
+    try:
+        cluster.restart_slurmctld(clear_state=True)
+    except (SlurmCommandError, SlurmTimeout):
+        return False, "slurmctld refused to start: " + last_fatal(cluster.log_text("slurmctld.log"))
+    cluster.scontrol("update", "NodeName=gpu01", "NodeAddr=127.0.1.1", "NodeHostname=gpu01")
+    cluster.scontrol("update", "NodeName=gpu01", "State=POWER_UP")
+    # slurmd waits about 20 s for a File= device that is missing before it gives up
+    started = cluster.run(*cluster.guest_argv("gpu01", "127.0.1.1", VM_GPUS), check=False, timeout=180)
+    if started.returncode != 0:
+        log = cluster.log_text("slurmd-gpu01.log")
+        return False, f"slurmd exited {started.returncode} at start: {last_fatal(log)}"
+    state = cluster.wait_until(lambda: cluster.node_state("gpu01"), lambda s: bool(s) and not any(
+        flag in s for flag in ("NOT_RESPONDING", "POWERED_DOWN")), 60, "gpu01 registered")
+    if "DRAIN" in state or "INVALID" in state:
+        return False, f"registered {state}: {cluster.node_info('gpu01').get('Reason', '')}"
+    try:
+        job = cluster.sbatch("--gres=gpu:2", "-w", "gpu01", "--wrap",
+                             "echo CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}")
+    except SlurmCommandError as exc:
+        return False, f"registered {state}; sbatch refused: {exc.stderr.strip()}"
+    ended = cluster.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), 60)
+    printed = cluster.job_output(job).strip()
+    return printed == f"CUDA_VISIBLE_DEVICES={','.join(map(str, range(VM_GPUS)))}", \
+        f"registered {state}; the job {ended}: {printed}"
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", ["as printed", *PROBLEMS])
+def test_check_calls_gres_a_problem_exactly_where_a_real_job_gets_no_gpu(gpu_sim, tmp_path, capsys, slurm_factory,
+                                                                          case) -> None:
+    site = good_site(gpu_sim, tmp_path / "site")
+    conf = (site.root / "slurm.conf").read_text().split()
+    [gres] = {token for token in conf if token.startswith("Gres=")}
+    cluster = slurm_factory(nodes=["gpu01", "gpu02"], node_extra=gres, extra_conf="GresTypes=gpu")
+    (cluster.base / "gres.conf").write_text((site.root / "gres.conf").read_text())  # as slurm-conf printed it
+    edits = PROBLEMS[case][:2] if case in PROBLEMS else (None, None)
+    apply(cluster.base, *edits)
+    apply(site.root, *edits)
+    major, minor = cluster.version
+    site.set_version(f"slurm {major}.{minor:02d}")
+    bound, what = real_outcome(cluster)
+    code, found = gres_findings(site, capsys)
+    problems = [f"{f['subject']}: {f['text']}" for f in found if f["level"] == "problem"]
+    finding(f"gres.conf case '{case}' (Gres=gpu:h100:2): what the real job got; check",
+            f"{what}; {'problem' if problems else 'no problem'}")
+    assert bound == (case == "as printed"), what
+    assert bool(problems) == (not bound) and code == (EXIT_OK if bound else EXIT_NODES_FAILED), problems
