@@ -23,6 +23,11 @@ from .slurmconf import GresConf, GresLine, SlurmConf, gres_gpu_types, read_gres_
 NVIDIA = "10de"
 DEVICE = "/dev/nvidia"  # the NVIDIA driver's device files, one a GPU (vGPUs included), numbered from 0
 HOW = "slurm-nebula-power slurm-conf --gres-conf prints them"
+# AutoDetect on a cloud node: 22.05's slurmctld exits at start for the values it knows (and ignores others,
+# "unknown autodetect flag"); 24.11's and 26.05's log "Cannot use AutoDetect on cloud/dynamic node" and start.
+# Releases between are taken for 22.05 (measured on 22.05, 24.11 and 26.05: docs/SLURM-FINDINGS.md).
+AUTODETECT_STARTS = (24, 11)
+AUTODETECT_22 = ("nvml", "rsmi", "oneapi")
 
 
 # ---- writing gres.conf lines --------------------------------------------------------------------------
@@ -73,7 +78,7 @@ def generate_gres(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], notes
 # ---- checking the gres.conf beside slurm.conf ---------------------------------------------------------
 
 
-def check_gres(report: Report, config: Config, conf: SlurmConf) -> None:
+def check_gres(report: Report, config: Config, conf: SlurmConf, version: tuple[int, int] | None) -> None:
     """GPU cloud nodes (Gres=gpu in slurm.conf) need GresTypes=gpu, and gres.conf lines with File= for each
     GPU slurm.conf gives them, of the same Type, without AutoDetect; else slurmd finds no device to bind."""
     wanted = {node: gres_gpu_types(conf.nodes[node].get("gres", "")) for ns in config.nodesets
@@ -101,13 +106,38 @@ def check_gres(report: Report, config: Config, conf: SlurmConf) -> None:
         return
     verdicts: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for node, want in gpu_nodes.items():
-        verdicts[_verdict(gres, node, want, conf.nodes[node].get("gres", ""))].append(node)
+        declared = conf.nodes[node].get("gres", "")
+        autodetect = _autodetect(gres.autodetect(node), version)
+        if autodetect is not None:
+            verdicts[autodetect].append(node)
+        verdicts[_verdict(gres, node, want, declared)].append(node)
     for (level, text, fix), nodes in verdicts.items():
         subject = f"gres.conf NodeName={fold(sorted(nodes))}"
         if level == "ok":
             report.ok(subject, text)
+        elif level == "warning":
+            report.warn(subject, text, fix)
         else:
             report.problem(subject, text, fix)
+
+
+def _autodetect(value: str, version: tuple[int, int] | None) -> tuple[str, str, str] | None:
+    """(level, text, fix) for an AutoDetect other than off that reaches a GPU cloud node, else None."""
+    if value in ("", "off"):
+        return None
+    fix = f"add AutoDetect=off to their line ({HOW})"
+    release = "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"
+    if version is None or version < AUTODETECT_STARTS:
+        if value in AUTODETECT_22:
+            return ("problem", f"AutoDetect={value} applies to them: {release} refuses AutoDetect on cloud nodes, "
+                    "and slurmctld exits at start (\"Cannot use AutoDetect on cloud node\")", fix)
+        what = f"{release} does not know it and ignores it (\"unknown autodetect flag\")"
+    else:
+        what = ("slurmctld logs \"Cannot use AutoDetect on cloud/dynamic node\" and starts, and slurmd detects the "
+                "VM's GPUs itself where it can (AutoDetect=nvidia, or nvml with Slurm's NVML plugin and the driver's "
+                "libnvidia-ml), draining the node when they differ from File=")
+    return ("warning", f"AutoDetect={value} applies to them, which gres.conf(5) rules out for cloud nodes: {what}",
+            fix)
 
 
 def _files(line: GresLine) -> int:
@@ -119,12 +149,7 @@ def _files(line: GresLine) -> int:
 
 
 def _verdict(gres: GresConf, node: str, want: Mapping[str, int], declared: str) -> tuple[str, str, str]:
-    """(level, text, fix) for one GPU node against the gres.conf lines that apply to it."""
-    autodetect = gres.autodetect(node)
-    if autodetect not in ("", "off"):
-        return ("problem", f"AutoDetect={autodetect} applies to them: Slurm refuses AutoDetect on cloud nodes "
-                "(slurmctld exits at start: \"Cannot use AutoDetect on cloud node\")",
-                f"add AutoDetect=off to their line ({HOW})")
+    """(level, text, fix) for one GPU node's File= lines against its Gres=."""
     lines = [line for line in gres.gpu_lines(node) if _files(line)]
     if not lines:
         return ("problem", f"no Name=gpu line with File= for them, and slurm.conf says Gres={declared}: slurmd "
@@ -135,7 +160,7 @@ def _verdict(gres: GresConf, node: str, want: Mapping[str, int], declared: str) 
         have[line.keys.get("type", "")] += _files(line)
     # An untyped Gres=gpu:N takes typed lines too (slurmd logs a warning and binds them all).
     if dict(have) == dict(want) or (set(want) == {""} and sum(have.values()) == want[""]):
-        return ("ok", f"File= lines for Gres={declared}, " + ("AutoDetect=off" if autodetect else "no AutoDetect"), "")
+        return ("ok", f"File= lines for Gres={declared}", "")
     said = ",".join(f"gpu:{kind + ':' if kind else ''}{count}" for kind, count in sorted(have.items()))
     if all(have.get(kind, 0) >= count for kind, count in want.items()):
         why = ("a VM with the GPUs slurm.conf gives lacks the devices beyond them: slurmd waits for them, then "
