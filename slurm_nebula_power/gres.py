@@ -2,9 +2,10 @@
 gres.conf beside slurm.conf.
 
 slurm.conf's `Gres=gpu:N` only counts GPUs; slurmd binds a job to devices (CUDA_VISIBLE_DEVICES, the device
-cgroup) only from gres.conf's `File=` lines, and Debian's Slurm has no NVML plugin to find them itself. Slurm
-also refuses AutoDetect on cloud nodes, so every line here says AutoDetect=off, which a site-wide AutoDetect
-would otherwise reach. What each release does without these lines is in docs/SLURM-FINDINGS.md.
+cgroup) only from gres.conf's `File=` lines: without them slurmctld drains the node as it registers. gres.conf(5)
+rules AutoDetect out for cloud nodes (22.05's slurmctld does not start with it), so every line here says
+AutoDetect=off, which a site-wide AutoDetect would otherwise reach. What each release does with each case
+`check` reports is in docs/SLURM-FINDINGS.md.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def generate_gres(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], notes
              "# Put them in the gres.conf beside slurm.conf on the controller (merge with your own lines) and",
              "# restart slurmctld. Configless nodes (slurmd --conf-server) fetch it with slurm.conf when slurmd",
              "# starts; a node with a slurm.conf of its own needs this gres.conf beside it.",
-             "# File=: the devices slurmd binds a job to (CUDA_VISIBLE_DEVICES, the device cgroup); without it",
-             "# the node has no GPU a job can use. AutoDetect=off: Slurm refuses AutoDetect on cloud nodes.",
+             "# File=: the devices slurmd binds a job to (CUDA_VISIBLE_DEVICES, the device cgroup); without them",
+             "# slurmctld drains the node as it registers. AutoDetect=off: gres.conf(5) rules AutoDetect out for",
+             "# cloud nodes, and a site-wide AutoDetect line would reach them.",
              *[f"# {note}" for note in notes]]
     gpu_sets = [(nodeset, shape) for nodeset, shape in shapes if shape.gpus]
     for nodeset, shape in gpu_sets:
@@ -154,7 +156,7 @@ def _verdict(gres: GresConf, node: str, want: Mapping[str, int], declared: str) 
     if not lines:
         return ("problem", f"no Name=gpu line with File= for them, and slurm.conf says Gres={declared}: slurmd "
                 "finds no GPU device, and slurmctld drains the node as it registers (\"gres/gpu count reported "
-                f"lower than configured\")", f"add their lines ({HOW})")
+                "lower than configured\")", f"add their lines ({HOW})")
     have: dict[str, int] = defaultdict(int)
     for line in lines:
         have[line.keys.get("type", "")] += _files(line)
