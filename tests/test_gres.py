@@ -282,6 +282,10 @@ def real_outcome(cluster: SlurmCluster) -> tuple[bool, str]:
         return False, "slurmctld refused to start: " + last_fatal(cluster.log_text("slurmctld.log"))
     cluster.scontrol("update", "NodeName=gpu01", "NodeAddr=127.0.1.1", "NodeHostname=gpu01")
     cluster.scontrol("update", "NodeName=gpu01", "State=POWER_UP")
+    # The VM boots once slurmctld has run the ResumeProgram (POWERING_UP), as with our resume: a slurmd that
+    # registers before that, while the node only has the POWER_UP request, was seen ignored by 24.11.
+    cluster.wait_until(lambda: cluster.node_state("gpu01"), lambda state: "POWERING_UP" in state.split("+"), 60,
+                       "gpu01 POWERING_UP (its ResumeProgram run)")
     # slurmd waits about 20 s for a File= device that is missing before it gives up: before it daemonizes
     # on 22.05 (it exits 1), after on 26.05 (it exits 0, then the daemon ends)
     started = cluster.run(*cluster.guest_argv("gpu01", "127.0.1.1", VM_GPUS), check=False, timeout=180)
