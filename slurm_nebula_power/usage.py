@@ -111,6 +111,7 @@ def audit_files(path: Path) -> list[Path]:
     return files + ([path] if path.exists() else [])
 
 
+_ID = re.compile(r"[0-9]{1,19}")  # a job or VM id as a row's key, sorted as a number
 LINE_BYTES = 16 << 10  # a record is under 4 KiB; a longer line is not one, and is skipped unread
 FILE_BYTES = 4 << 30  # bytes read of one file at most, after decompression (a .gz may be a bomb)
 
@@ -227,7 +228,8 @@ def summarize(found: Sequence[Interval], group: str, since: float | None, until:
             row(str(interval.vm)).add(interval, start, end)
 
     def order(item: Row) -> tuple[int, int, str]:
-        return (0, int(item.key), "") if item.key.isdigit() else (1, 0, item.key)
+        # ASCII digits only: a host named "²" is a digit to str.isdigit() and not to int()
+        return (0, int(item.key), "") if _ID.fullmatch(item.key) else (1, 0, item.key)
 
     return sorted(rows.values(), key=order)
 

@@ -8,6 +8,7 @@ hangs, and what is asserted is the exit code, the hand-back and the log.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -173,3 +174,24 @@ def test_a_newline_in_a_host_name_forges_no_row_of_status_or_usage(tmp_path, sim
         assert not [line for line in shown.stdout.splitlines() if line.startswith("gpu99")], shown.stdout
         assert "\r" not in shown.stdout
     assert [line.split()[0] for line in status.stdout.splitlines()][:3] == ["NODE", "gpu01", "gpu02"]
+
+
+@pytest.mark.parametrize("name", ["\u00b2", "\u0663", "9" * 5000], ids=["superscript", "arabic-indic", "5000-digits"])
+def test_a_host_name_of_digits_int_refuses_groups_usage_like_any_name(tmp_path, sim, name: str) -> None:
+    # `usage --by host` sorted a row as a number when str.isdigit() said so, then int() refused "²" (and
+    # 5,000 digits): a traceback and exit 1, the variant of issue 22 item 1 in the usage table's order
+    proxy = HostileEndpoint(sim.endpoint, rewrite=_hostname(name.encode()))
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        assert run_program(setup, "resume", "gpu[01-02]", guard=60).returncode == 0
+        assert run_program(setup, "suspend", "gpu01", guard=60).returncode == 0
+    finally:
+        proxy.close()
+    for by in ("host", "job", "vm", "nodeset"):
+        usage = subprocess.run([program("slurm-nebula-power"), "usage", "--by", by, "--no-cloud", "--json"],
+                               env=run_env(setup), capture_output=True, text=True, timeout=60)
+        assert usage.returncode == 0 and "Traceback" not in usage.stderr, (by, usage.stderr)
+        rows = json.loads(usage.stdout)["rows"]
+        assert sum(len(row["vms"]) for row in rows) == 2, rows
+        if by == "host":
+            assert {row["host"] for row in rows} == {name[:80]}, "the name kept as the host, its record's length"
