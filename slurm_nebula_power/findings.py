@@ -3,6 +3,7 @@ and write what, and whether the session travels protected."""
 
 from __future__ import annotations
 
+import errno
 import grp
 import ipaddress
 import os
@@ -61,7 +62,8 @@ class Report:
 
 
 def allowed(user: pwd.struct_passwd, path: Path, want: int) -> bool | None:
-    """Whether user may access path (want: R/W/X bits), directories on the way included; None: cannot tell.
+    """Whether user may access path (want: R/W/X bits), every directory the kernel searches on the way
+    included, a symlink's own directory as well as its target's; None: cannot tell.
 
     POSIX mode bits only (ACLs are not read); root may do anything.
     """
@@ -75,12 +77,44 @@ def allowed(user: pwd.struct_passwd, path: Path, want: int) -> bool | None:
         return (info.st_mode >> shift) & need == need
 
     try:
-        path = path.absolute()
-        return all(bits(parent, X) for parent in reversed(path.parents)) and bits(path, want)
+        searched, reached = lookup(path)
+        return all(bits(directory, X) for directory in dict.fromkeys(searched)) and bits(reached, want)
     except PermissionError:
         return None
     except OSError:
         return False
+
+
+MOST_LINKS = 40  # the kernel follows at most 40 symlinks in one lookup (ELOOP)
+
+
+def lookup(path: Path) -> tuple[list[Path], Path]:
+    """What the kernel looks at to open path: each directory it searches, links followed as it follows them
+    (a link in /usr/local/bin to a script in /root needs /root searchable: realpath alone hides that), and
+    the file it reaches."""
+    searched: list[Path] = []
+    current, parts, links = Path("/"), list(path.absolute().parts[1:]), 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = current.parent  # current is never a link: its parent is the real one, as the kernel's
+            continue
+        searched.append(current)
+        candidate = current / part
+        if not candidate.is_symlink():
+            current = candidate
+            continue
+        links += 1
+        if links > MOST_LINKS:
+            raise OSError(errno.ELOOP, f"{path}: more than {MOST_LINKS} symlinks")
+        target = Path(os.readlink(candidate))
+        if target.is_absolute():
+            current, parts = Path("/"), [*target.parts[1:], *parts]
+        else:
+            parts = [*target.parts, *parts]
+    return searched, current
 
 
 def writable(user: pwd.struct_passwd, path: Path, directory: bool) -> bool | None:
@@ -138,11 +172,9 @@ def check_program_access(report: Report, conf: SlurmConf, user: pwd.struct_passw
         program = Path(value)
         blocked = [] if allowed(user, program, R | X) is not False else [str(program)]
         interpreter = _interpreter(program)
-        if interpreter is not None:
-            resolved = Path(os.path.realpath(interpreter))
-            if allowed(user, resolved, X) is False:
-                blocked.append(f"its interpreter {interpreter}" + (f" ({resolved})" if str(resolved) !=
-                                                                   interpreter else ""))
+        if interpreter is not None and allowed(user, Path(interpreter), X) is False:
+            resolved = os.path.realpath(interpreter)
+            blocked.append(f"its interpreter {interpreter}" + (f" ({resolved})" if resolved != interpreter else ""))
         if blocked:
             report.problem(f"slurm.conf {key}", f"SlurmUser {user.pw_name} cannot run {' nor '.join(blocked)} "
                            "(a directory on the way, or the file, lacks the permission)",

@@ -10,6 +10,7 @@ import os
 import pwd
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,7 +21,7 @@ import pytest
 from simfixtures import AUTH, fast_config
 from slurm_findings import finding
 from slurmharness import SlurmCommandError, as_power_actions, recording_program, rewrite_lines
-from support import Setup, make_setup
+from support import Setup, make_setup, run_env
 
 from opennebula_sim import Durations, SimConfig, TemplateSpec, default_hosts, running_simulator
 from slurm_nebula_power.cli import check
@@ -724,5 +725,56 @@ def test_a_program_whose_interpreter_slurmuser_cannot_reach_is_a_problem(site, c
         _, found = problems(site, capsys)
         [said] = [p for p in found if p.startswith("slurm.conf ResumeProgram")]
         assert f"SlurmUser slurm cannot run its interpreter {python}" in said
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def _runs_as(user: pwd.struct_passwd, program: Path) -> bool:
+    """What the kernel says: whether user can start program (the ground truth check must agree with)."""
+    try:
+        done = subprocess.run([str(program)], user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/",
+                              env={}, capture_output=True, timeout=60)
+    except PermissionError:
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make directories the slurm user cannot enter")
+@pytest.mark.parametrize("layout", ["interpreter-linked-from-a-private-dir", "program-linked-into-a-private-dir",
+                                    "interpreter-linked-from-a-public-dir", "program-linked-from-a-public-dir"])
+def test_check_says_slurmuser_cannot_run_a_program_exactly_when_the_kernel_refuses_it(site, tmp_path,
+                                                                                       layout: str) -> None:
+    # The interpreter check looked at the link's target only (realpath): a venv made with the system's
+    # python3 in root's home (/root/venv/bin/python3 -> /usr/bin/python3) passed, and so did a program
+    # linked from /usr/local/bin to a script in root's home; the kernel searches the link's own directory
+    # too. Through the installed check, judged against what the kernel does when SlurmUser starts it.
+    try:
+        slurm = pwd.getpwnam("slurm")
+    except KeyError:
+        pytest.skip("needs the slurm user (Debian's slurmctld package makes it)")
+    private = tmp_path / "root-home"  # pytest's tmp_path is root's: the slurm user cannot enter it
+    private.mkdir(mode=0o700)
+    public = Path(tempfile.mkdtemp(prefix="snp-prog-", dir="/tmp"))
+    try:
+        public.chmod(0o755)
+        where = private if layout.startswith("interpreter-linked-from-a-private") else public
+        python = where / "python3"
+        python.symlink_to("/usr/bin/python3")  # the system's python3, which SlurmUser can run
+        script = (private if layout == "program-linked-into-a-private-dir" else public) / "resume-script"
+        script.write_text(f"#!{python}\nprint('resume')\n")
+        script.chmod(0o755)
+        program = script
+        if layout.startswith("program-linked"):
+            program = public / "slurm-nebula-resume"
+            program.symlink_to(script)
+        rewrite_lines(site.root / "slurm.conf", lambda lines: [
+            *(x for x in lines if not x.startswith("SlurmUser=")), "SlurmUser=slurm", f"ResumeProgram={program}"])
+        done = subprocess.run([str(Path(sys.executable).with_name("slurm-nebula-power")), "check", "--json"],
+                              env=run_env(site), capture_output=True, text=True, timeout=120)
+        said = [f for f in json.loads(done.stdout) if f["subject"] == "slurm.conf ResumeProgram"
+                and f["level"] == "problem" and "cannot run" in f["text"]]
+        runs = _runs_as(slurm, program)
+        assert runs == layout.endswith("public-dir"), "the layout does what its name says"
+        assert bool(said) == (not runs), (layout, said)
     finally:
         shutil.rmtree(public, ignore_errors=True)
