@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import UsageError
-from .files import open_file
+from .files import UnsafeFile, open_file
 from .hostlists import fold
 from .model import DONE, Vm, cell, printable
 from .records import Record, read_records
@@ -149,6 +149,12 @@ def read_audit(paths: Sequence[Path]) -> tuple[list[Record], list[str]]:
             fd = open_file(path, os.O_RDONLY, any_owner=True)
             with os.fdopen(fd, "rb") as raw, (gzip.open(raw) if path.suffix == ".gz" else raw) as handle:
                 found, bad = read_records(_lines(handle, problems, path))  # type: ignore[arg-type]
+        except UnsafeFile as exc:
+            # not "remove it" (files.py's fix for a file planted where a program writes): the path may be
+            # what the operator typed, /dev/null or a directory
+            why = str(exc.strerror).removeprefix(f"{path} ").removesuffix(": remove it")
+            raise UsageError(f"{path}: cannot read the usage records: it {why}; name the record file itself "
+                             "(log.audit_file or a rotated copy of it)") from None
         except (OSError, EOFError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
             raise UsageError(f"{path}: cannot read the usage records: {why}; check the path and that you may "

@@ -9,6 +9,7 @@ import pty
 import socket
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from reliability_support import run_env, run_program, site
@@ -141,3 +142,22 @@ def test_a_program_run_by_hand_at_a_terminal_shows_its_log_there(tmp_path, sim) 
     assert proc.wait(timeout=120) == 0
     assert b"summary: slurm-nebula-suspend gpu01: 1 done, 0 failed" in shown
     assert "summary: slurm-nebula-suspend gpu01: 1 done" in setup.log_text(), "and in the log file"
+
+
+@pytest.mark.parametrize("named", ["/dev/null", "directory", "symlink"])
+def test_usage_of_a_path_that_is_no_record_file_never_says_remove_it(tmp_path, sim, named: str) -> None:
+    # `usage --file /dev/null` said "/dev/null is not a regular file ...: remove it" (the fix files.py gives
+    # for a file planted where a program writes), and a directory typed by mistake got the same advice
+    setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
+    target = {"/dev/null": "/dev/null", "directory": str(tmp_path), "symlink": str(tmp_path / "link.jsonl")}[named]
+    if named == "symlink":
+        setup.audit.write_text("")
+        (tmp_path / "link.jsonl").symlink_to(setup.audit)
+    done = subprocess.run([program("slurm-nebula-power"), "usage", "--no-cloud", "--file", target],
+                          env=run_env(setup), capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"slurm-nebula-power usage: error: {target}: cannot read the usage records: it is ")
+    assert "remove" not in line and line.endswith("name the record file itself (log.audit_file or a rotated "
+                                                  "copy of it)"), line
+    assert Path(target).exists() or Path(target).is_symlink()
