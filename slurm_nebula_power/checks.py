@@ -17,6 +17,7 @@ from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_l
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
 from .gres import check_gres
 from .hostlists import fold
+from .model import printable
 from .operation import Cloud
 from .shapes import (
     MEMORY_RATIO,
@@ -36,7 +37,7 @@ from .slurmchecks import (
     check_suspend_exclusions,
     check_timers,
 )
-from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
+from .slurmconf import SlurmConf, count, gres_gpus, node_cpus, read_slurm_conf
 from .template import worker_script
 
 STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
@@ -269,11 +270,18 @@ def check_burst_time(report: Report, config: Config, per_plan: int) -> None:
 
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:
     groups: dict[tuple[int, int, int], list[str]] = defaultdict(list)
+    unreadable: dict[str, list[str]] = defaultdict(list)
     for node in nodeset.nodes:
         keys = conf.nodes.get(node)
         if keys is not None:
-            memory = int(keys["realmemory"]) if keys.get("realmemory", "").isdigit() else 1
+            memory = count(keys.get("realmemory")) or 1
             groups[(node_cpus(keys), memory, gres_gpus(keys.get("gres", "")))].append(node)
+            for key in ("CPUs", "RealMemory"):
+                if key.lower() in keys and count(keys[key.lower()]) is None:
+                    unreadable[f"{key}={printable(keys[key.lower()])[:40]}"].append(node)
+    for said, nodes in unreadable.items():
+        report.problem(f"slurm.conf NodeName={fold(nodes)}", f"{said} is not a number",
+                       f"give {said.split('=')[0]} in ASCII digits")
     for (cpus, memory, gpus), nodes in groups.items():
         subject, fitting = f"slurm.conf NodeName={fold(nodes)}", real_memory(shape.memory_mb)
         if cpus > shape.vcpus:

@@ -146,6 +146,9 @@ def test_templates_without_token_need_no_onegate_endpoint(tmp_path, capsys) -> N
      "slurm.conf gpu[05-06]: State=CLOUD but in no [[nodeset]]: resume refuses them"),
     ("SlurmUser=root", "SlurmUser=no-such-user",
      "slurm.conf SlurmUser: no-such-user does not exist on this host"),
+    # a digit to str.isdigit() that int() refuses made check a traceback (issue 22 item 1's bug class)
+    ("CPUs=8", "CPUs=\u00b2", "NodeName=gpu[01-04]: CPUs=\u00b2 is not a number -> fix: give CPUs in ASCII digits"),
+    ("RealMemory=62259", "RealMemory=\u00b2", "NodeName=gpu[01-04]: RealMemory=\u00b2 is not a number"),
 ])
 def test_slurm_conf_problem_is_found_with_its_fix(site, capsys, old: str, new: str, expected: str) -> None:
     edit(site.root / "slurm.conf", old, new)
