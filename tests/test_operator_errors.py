@@ -4,6 +4,7 @@ not the template's fault). Through the installed programs."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import socket
@@ -16,7 +17,7 @@ from reliability_support import run_env, run_program, site
 from support import make_setup
 from test_cli import program
 
-from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_USAGE
+from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 
 
 class Closing:
@@ -161,3 +162,64 @@ def test_usage_of_a_path_that_is_no_record_file_never_says_remove_it(tmp_path, s
     assert "remove" not in line and line.endswith("name the record file itself (log.audit_file or a rotated "
                                                   "copy of it)"), line
     assert Path(target).exists() or Path(target).is_symlink()
+
+
+def power(setup, *args: str) -> subprocess.CompletedProcess[str]:
+    """`slurm-nebula-power ARGS` as installed, as an administrator runs it (no terminal)."""
+    return subprocess.run([program("slurm-nebula-power"), *args], env=run_env(setup), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_template_names_every_missing_key_and_warns_of_gpus_slurm_conf_disagrees_on(tmp_path) -> None:
+    # issue 25, through the installed command: one missing key a run (six runs to find five keys), and a
+    # GPU node set printed with no PCI line and no warning
+    from test_template import GPU_SET
+    from test_template import site as template_site
+
+    setup = make_setup(tmp_path / "bare", "http://127.0.0.1:9/RPC2", "oneadmin:pw",
+                       nodesets='[[nodeset]]\nnodes = "gpu[01-04]"\ntemplate = "t"\n')
+    done = power(setup, "template")
+    assert done.returncode == EXIT_CONFIG and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert "nodeset[0]: missing vcpu, memory_mb, network, controller, munge_key_file; " in line
+    setup = template_site(tmp_path, GPU_SET)
+    (setup.root / "slurm.conf").write_text("ClusterName=testcluster\nNodeName=gpu[01-04] State=CLOUD Gres=gpu:1\n")
+    done = power(setup, "template")
+    assert done.returncode == EXIT_OK and "PCI = [" in done.stdout
+    assert "Gres=gpu:1, but nodeset[0]" in done.stderr and "gives the template 2 GPU(s)" in done.stderr
+    setup.config.write_text(setup.config.read_text().replace("gpus = 2\n", "gpus = 0\n"))
+    done = power(setup, "template")
+    assert done.returncode == EXIT_OK
+    assert "(no PCI line: its VMs get no GPU)" in done.stderr
+
+
+CHECK_CASES = {  # issue 25's `check passes what will fail`, each as the installed check sees it
+    "configless-lost": (lambda site: site.root / "slurm.conf", lambda text: text + "SlurmctldParameters="
+                        "enable_configless\nSlurmctldParameters=idle_on_node_suspend\n",
+                        "slurm.conf SlurmctldParameters", "only the last SlurmctldParameters line counts"),
+    "cluster-name": (lambda site: site.config, lambda text: text.replace("[slurm]\n", '[slurm]\ncluster = "prod"\n'),
+                     "[slurm] cluster", "is 'prod' but slurm.conf says ClusterName=testcluster"),
+    "context-without-controller": (None, None, "template 'slurm-h100' CONTEXT", "lacks SLURM_CONTROLLER"),
+}
+
+
+@pytest.mark.parametrize("case", CHECK_CASES)
+def test_the_installed_check_finds_what_passed_and_then_failed(tmp_path, case: str) -> None:
+    import re
+
+    from simfixtures import AUTH
+    from test_check import worker_site
+
+    from opennebula_sim import running_simulator
+
+    where, change, subject, text = CHECK_CASES[case]
+    drop = (lambda t: re.sub(r'\n  SLURM_CONTROLLER = "[^"]*",', "", t)) if where is None else None
+    setup, sim_config = worker_site(tmp_path, drop)
+    if where is not None:
+        where(setup).write_text(change(where(setup).read_text()))
+    with running_simulator(sim_config, auth=AUTH) as sim:
+        setup.config.write_text(setup.config.read_text().replace("http://127.0.0.1:9/RPC2", sim.endpoint))
+        done = power(setup, "check", "--json")
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    said = [f for f in json.loads(done.stdout) if subject in f["subject"] and text in f["text"]]
+    assert [f["level"] for f in said] == ["problem"], json.loads(done.stdout)
