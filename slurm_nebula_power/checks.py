@@ -326,6 +326,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         conf = read_slurm_conf(config.slurm.slurm_conf)
     except ConfigError as exc:
         report.problem("slurm.conf", str(exc), "run check on the slurmctld host")
+    slurm_user = None
     if conf is not None:
         name = conf.get("SlurmUser")
         try:
@@ -338,7 +339,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         report.ok("scontrol", str(find_scontrol(config, environ)))
     except PowerError as exc:
         report.problem("scontrol", str(exc), "install Slurm's client commands or set [slurm] scontrol")
-    check_ownership(report, config)
+    check_ownership(report, config, slurm_user)
     check_transport(report, config)
     cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:

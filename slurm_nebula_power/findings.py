@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .config import Config
+from .files import user_name
 from .slurmconf import SlurmConf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
@@ -206,8 +207,9 @@ def others_can_write(path: Path) -> bool:
     return bool(info.st_mode & stat.S_IWOTH or loose_parent)
 
 
-def check_ownership(report: Report, config: Config) -> None:
-    """Nothing that decides what SlurmUser runs, and no lock directory, is writable by other users."""
+def check_ownership(report: Report, config: Config, slurm_user: pwd.struct_passwd | None = None) -> None:
+    """Nothing that decides what SlurmUser runs, and no lock directory, is writable by other users (nor
+    owned by one: its owner can write it whatever its mode, and the programs trust its owner's files)."""
     named = [("configuration", config.path, "it names scontrol and prolog_chain, which SlurmUser runs"),
              ("[slurm] scontrol", config.slurm.scontrol, "SlurmUser runs it"),
              ("[slurm] prolog_chain", config.slurm.prolog_chain, "slurmctld runs it for every job")]
@@ -223,10 +225,16 @@ def check_ownership(report: Report, config: Config) -> None:
                             "the metrics file and its lock"))
     for what, directory, holds in directories:
         try:
-            mode = directory.stat().st_mode
+            info = directory.stat()
         except OSError:
             continue
-        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        mode = info.st_mode
+        if slurm_user is not None and info.st_uid not in (0, os.geteuid(), slurm_user.pw_uid):
+            owner = user_name(info.st_uid)
+            report.problem(f"{what} {directory}", f"owned by {owner}, neither root nor SlurmUser: {owner} can "
+                           f"plant links, FIFOs or files in place of {holds}, and the programs trust their "
+                           "directory's owner", f"chown {slurm_user.pw_name} {directory}")
+        elif mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
             who = "other users" if mode & stat.S_IWOTH else "its group"
             report.problem(f"{what} {directory}", f"writable by {who}, without the sticky bit: they can plant "
                            f"links, FIFOs or files in place of {holds}, or remove them",

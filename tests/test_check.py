@@ -600,6 +600,23 @@ def test_a_lock_audit_or_metrics_directory_others_can_write_is_a_problem_unless_
     assert f"writable by {who}, without the sticky bit" in line and f"chmod go-w {site.root}" in line
 
 
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_lock_audit_or_metrics_directory_another_user_owns_is_a_problem(site) -> None:
+    # The variant of the writable directory: its owner can write it whatever its mode (0755 passed), and
+    # files.py trusts the files of a file's directory's owner
+    nobody = pwd.getpwnam("nobody")
+    locks = site.root / "locks"
+    locks.mkdir(exist_ok=True)
+    os.chown(locks, nobody.pw_uid, nobody.pw_gid)
+    locks.chmod(0o755)
+    done = subprocess.run([str(Path(sys.executable).with_name("slurm-nebula-power")), "check", "--json"],
+                          env=run_env(site), capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    said = [f for f in json.loads(done.stdout) if f["level"] == "problem" and "owned by" in f["text"]]
+    assert [(f["subject"], f["fix"]) for f in said] == [(f"lock_dir {locks}", f"chown root {locks}")], said
+    assert said[0]["text"].startswith("owned by nobody, neither root nor SlurmUser")
+
 # ---- issue 25: what check passed and later failed -------------------------------------------------------
 
 WORKERS = """\
