@@ -195,3 +195,31 @@ def test_a_record_of_the_wrong_types_in_the_audit_file_is_a_warning_never_a_cras
         found = json.loads(usage.stdout)
         assert len(found["unreadable_lines"]) == 2, found["unreadable_lines"]
         assert sum(len(row["vms"]) for row in found["rows"]) == 1, "the good records still counted"
+
+
+@pytest.mark.parametrize("plant", ["symlink-to-credentials", "dangling-symlink", "hardlink", "fifo", "dev-null"])
+def test_a_planted_audit_file_is_never_followed_read_or_written_and_the_run_goes_on(setup, sim, tmp_path,
+                                                                                   plant: str) -> None:
+    # issue 22, item 2 names the audit file beside the metrics file: a writer of its directory plants a
+    # link to the credentials (records appended to them), a dangling link (a root run creates the file it
+    # names), a hard link, a FIFO (the append would block) or a device
+    victim = tmp_path / "victim"
+    if plant == "symlink-to-credentials":
+        setup.audit.symlink_to(setup.root / "one_auth")
+    elif plant == "dangling-symlink":
+        setup.audit.symlink_to(victim)
+    elif plant == "hardlink":
+        victim.write_text("keep\n")
+        os.link(victim, setup.audit)
+    elif plant == "fifo":
+        os.mkfifo(setup.audit)
+    else:
+        setup.audit.symlink_to("/dev/null")
+    credentials = (setup.root / "one_auth").read_text()
+    done = run_program(setup, "resume", "gpu01", guard=60)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert sorted(live_ours(sim)) == ["gpu01"], "the run did its work"
+    log = setup.log_text()
+    assert "cannot append usage records (those of this run are lost)" in log and setup.password not in log
+    assert (setup.root / "one_auth").read_text() == credentials
+    assert victim.exists() == (plant == "hardlink") and (plant != "hardlink" or victim.read_text() == "keep\n")
