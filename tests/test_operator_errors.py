@@ -72,6 +72,7 @@ def test_an_operator_command_against_a_down_endpoint_fails_fast_in_one_line(down
     error = [line for line in lines if ": error: " in line]
     assert len(error) == 1, lines
     assert f"cannot reach OpenNebula at {endpoint.endpoint}" in error[0]
+    assert done.stderr.count("cannot reach OpenNebula") == 1, "said once (reconcile's log said it again)"
     assert f"credentials: {setup.root / 'one_auth'}" in error[0] and str(setup.config) in error[0]
     assert endpoint.accepted <= 8, f"{endpoint.accepted} attempts: the retries of an interactive command"
 

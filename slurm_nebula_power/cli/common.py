@@ -119,8 +119,13 @@ def report_error(prog: str, message: str, quiet: bool = False) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
     if quiet:
         return
-    if logging.getLogger("slurm_nebula_power").handlers:
-        log.error("%s", message)
+    # The log too, but not a second time on stderr (a dry run, or a run at a terminal, logs there as well)
+    files = [h for h in logging.getLogger("slurm_nebula_power").handlers
+             if getattr(h, "stream", None) not in (sys.stderr, sys.__stderr__)]
+    if files:
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (message,), None)
+        for handler in files:
+            handler.handle(record)
     try:
         syslog.openlog(prog, syslog.LOG_PID)
         syslog.syslog(syslog.LOG_ERR, message)
