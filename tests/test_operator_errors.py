@@ -77,6 +77,49 @@ def test_an_operator_command_against_a_down_endpoint_fails_fast_in_one_line(down
     assert endpoint.accepted <= 8, f"{endpoint.accepted} attempts: the retries of an interactive command"
 
 
+class Dropping:
+    """A loopback endpoint whose host drops every new connection, as a firewall or a host that is down:
+    a listener whose accept queue is full, so the kernel drops the SYNs of later connects."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.fillers = [socket.socket() for _ in range(3)]
+        for filler in self.fillers:
+            filler.setblocking(False)
+            filler.connect_ex(self.sock.getsockname())
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/RPC2"
+
+    def close(self) -> None:
+        for filler in self.fillers:
+            filler.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("command", [["status", "--no-slurm"], ["reconcile", "--dry-run"], ["slurm-conf"],
+                                     ["usage"]])
+def test_an_endpoint_whose_host_drops_packets_is_given_up_at_the_connect(tmp_path, command) -> None:
+    # A front end behind a firewall, or down on another host, answers no SYN: each operator command
+    # waited out the call's whole timeout (30 s) for the connect before its error line
+    endpoint = Dropping()
+    url = endpoint.endpoint
+    try:
+        setup = make_setup(tmp_path / "site", url, "oneadmin:secret-pw")
+        setup.config.write_text(setup.config.read_text().replace("\ntimeout = 5\n", "\ntimeout = 30\n"))  # stock
+        setup.audit.write_text("")
+        done = subprocess.run([program("slurm-nebula-power"), *command], env=run_env(setup), capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        endpoint.close()
+    assert done.returncode != 0
+    [error] = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert f"cannot reach OpenNebula at {url}" in error and "no connection within 5s" in error, error
+
+
 @pytest.mark.parametrize("command", [["status", "--no-slurm"], ["reconcile", "--dry-run"]])
 def test_a_wrong_password_names_the_user_the_endpoint_and_the_auth_file(tmp_path, sim, command) -> None:
     setup = make_setup(tmp_path / "site", sim.endpoint, "oneadmin:not-the-password")
