@@ -13,7 +13,7 @@ from typing import Any
 
 from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
-from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
+from .errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
 from .gres import check_gres
 from .hostlists import fold
@@ -77,7 +77,13 @@ def check_cloud(report: Report, config: Config, cloud: Cloud) -> Cloud | None:
 
 def check_templates(report: Report, config: Config, cloud: Cloud, conf: SlurmConf | None) -> None:
     """Each node set's template exists, has its GPUs, and matches slurm.conf's CPUs, memory and Gres."""
-    for nodeset, shape, error in read_shapes(config, cloud):
+    try:
+        shapes = read_shapes(config, cloud, unreachable_raises=True)
+    except TransientCloudError as exc:  # no template's fault: "create the template" would mislead
+        report.problem("OpenNebula templates", f"not read: {first_line(exc, 200)}",
+                       "check [opennebula] endpoint and that oned answers, then run check again")
+        return
+    for nodeset, shape, error in shapes:
         subject = f"node set {nodeset.nodes_expr} template {nodeset.template!r}"
         if shape is None:
             report.problem(subject, error, "create the template in OpenNebula or fix the node set's template "

@@ -292,8 +292,14 @@ class OneRpc:
         return answer[1]
 
     def document(self, method: str, *params: Any) -> Any:
-        """Call one.<method> and bind its XML document to pyone's objects (small answers only)."""
-        return pyone.bindings.parseString(str(self.call(method, *params)).encode("utf-8"))
+        """Call one.<method> and bind its XML document to pyone's objects (small answers only); a document
+        pyone cannot bind (an ID that is not a number, a truncated answer) is a transient error of the call,
+        as for the VM and host pools, never a crash of the program."""
+        text = str(self.call(method, *params))
+        try:
+            return pyone.bindings.parseString(text.encode("utf-8"))
+        except Exception as exc:  # pyone's generated binder raises its own GDSParseError, the XML parser's
+            raise TransientCloudError(f"[one.{method}] unreadable document ({type(exc).__name__})") from None
 
 
 def translate(message: str, code: int) -> CloudError:

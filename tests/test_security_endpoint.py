@@ -196,3 +196,44 @@ def test_a_host_name_of_digits_int_refuses_groups_usage_like_any_name(tmp_path, 
         assert sum(len(row["vms"]) for row in rows) == 2, rows
         if by == "host":
             assert {row["host"] for row in rows} == {name[:80]}, "the name kept as the host, its record's length"
+
+
+def _in_template_answers(rewrite):
+    """A rewrite of the template pool's and a template's answers only (pyone binds those)."""
+    return lambda body: rewrite(body) if b"&lt;VMTEMPLATE" in body else body
+
+
+TEMPLATE_DAMAGE = {
+    "id-superscript": _in_template_answers(lambda b: re.sub(rb"&lt;ID&gt;\d+&lt;/ID&gt;",
+                                                            "&lt;ID&gt;\u00b2&lt;/ID&gt;".encode(), b)),
+    "id-not-a-number": _in_template_answers(lambda b: re.sub(rb"&lt;ID&gt;\d+&lt;/ID&gt;", b"&lt;ID&gt;x&lt;/ID&gt;",
+                                                             b)),
+    "id-5000-digits": _in_template_answers(lambda b: re.sub(rb"&lt;ID&gt;\d+&lt;/ID&gt;",
+                                                            b"&lt;ID&gt;" + b"9" * 5000 + b"&lt;/ID&gt;", b)),
+    "truncated": _in_template_answers(lambda b: re.sub(rb"&lt;/VMTEMPLATE(_POOL)?&gt;", b"&lt;VMTEMPLATE", b)),
+}
+
+
+@pytest.mark.parametrize("damage", list(TEMPLATE_DAMAGE))
+def test_a_malformed_template_answer_hands_the_nodes_back_never_an_internal_error(tmp_path, sim, damage) -> None:
+    # The variant of issue 22 item 5 in the answers pyone binds (one.templatepool.info, one.template.info):
+    # an ID that is not a number made pyone raise its own parse error, and resume handed every node back as
+    # "internal error in resume" with exit 4 (check and slurm-conf: a traceback)
+    proxy = HostileEndpoint(sim.endpoint, rewrite=TEMPLATE_DAMAGE[damage])
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        done = run_program(setup, "resume", "gpu[01-02]", guard=60)
+        shown = {command: subprocess.run([program("slurm-nebula-power"), command], env=run_env(setup),
+                                         capture_output=True, text=True, timeout=60)
+                 for command in ("check", "slurm-conf")}
+    finally:
+        proxy.close()
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    log = setup.log_text()
+    assert "internal error" not in log and "Traceback" not in log, log[-2000:]
+    assert "unreadable document" in log
+    assert handed_back(setup) == ["NodeName=gpu[01-02]"] and live_ours(sim) == {}
+    for command, answer in shown.items():
+        assert "Traceback" not in answer.stderr and answer.returncode in (1, 4), (command, answer.stderr)
+        assert "unreadable document" in answer.stdout + answer.stderr, (command, answer.stdout, answer.stderr)
+        assert "create the template" not in answer.stdout, "no template's fault"
