@@ -296,6 +296,8 @@ class OneRpc:
         pyone cannot bind (an ID that is not a number, a truncated answer) is a transient error of the call,
         as for the VM and host pools, never a crash of the program."""
         text = str(self.call(method, *params))
+        if "<!DOCTYPE" in text.upper():  # oned sends none; lxml before 5 resolves a DOCTYPE's file entities
+            raise TransientCloudError(f"[one.{method}] unreadable document (a DOCTYPE, which oned never sends)")
         try:
             return pyone.bindings.parseString(text.encode("utf-8"))
         except Exception as exc:  # pyone's generated binder raises its own GDSParseError, the XML parser's

@@ -237,3 +237,29 @@ def test_a_malformed_template_answer_hands_the_nodes_back_never_an_internal_erro
         assert "Traceback" not in answer.stderr and answer.returncode in (1, 4), (command, answer.stderr)
         assert "unreadable document" in answer.stdout + answer.stderr, (command, answer.stdout, answer.stderr)
         assert "create the template" not in answer.stdout, "no template's fault"
+
+
+def test_a_template_answer_with_a_doctype_is_refused_and_its_entities_never_read(tmp_path, sim) -> None:
+    # pyone binds these answers with lxml, which before 5.0 resolves a DOCTYPE's external entities: a
+    # proxy's SYSTEM "file:///..." entity would put a local file (as root: /etc/shadow) in the template, and
+    # check prints a template's CONTEXT values
+    secret = tmp_path / "secret"
+    secret.write_text("Victim-Pa55word\n")
+    entity = f'&lt;!DOCTYPE VMTEMPLATE_POOL [&lt;!ENTITY e SYSTEM "file://{secret}"&gt;]&gt;'.encode()
+
+    def plant(body: bytes) -> bytes:
+        body = body.replace(b"&lt;VMTEMPLATE_POOL&gt;", entity + b"&lt;VMTEMPLATE_POOL&gt;", 1)
+        return re.sub(rb"&lt;NAME&gt;slurm-gpu-worker&lt;/NAME&gt;", b"&lt;NAME&gt;&amp;e;&lt;/NAME&gt;", body)
+
+    proxy = HostileEndpoint(sim.endpoint, rewrite=_in_template_answers(plant))
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        done = run_program(setup, "resume", "gpu01", guard=60)
+        check = subprocess.run([program("slurm-nebula-power"), "check"], env=run_env(setup), capture_output=True,
+                               text=True, timeout=60)
+    finally:
+        proxy.close()
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    log = setup.log_text()
+    assert "a DOCTYPE, which oned never sends" in log and "a DOCTYPE, which oned never sends" in check.stdout
+    assert "Victim-Pa55word" not in log + check.stdout + check.stderr + done.stderr
