@@ -15,7 +15,7 @@ from pathlib import Path
 from ..audit import AuditLog
 from ..config import Config, find_config, load_config
 from ..errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
-from ..files import UnsafeFile, open_file
+from ..files import UnsafeFile, make_directory, open_file
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
 from ..operation import Cloud, Context, Outcome
@@ -51,15 +51,6 @@ def service_owner(config: Config) -> tuple[int, int] | None:
     return None if entry.pw_uid == 0 else (entry.pw_uid, entry.pw_gid)
 
 
-def _made_for(owner: tuple[int, int] | None, path: Path, make: Callable[[], object]) -> None:
-    """Make path if it is missing, owned by owner when given."""
-    if path.exists():
-        return
-    make()
-    if owner is not None:
-        os.chown(path, *owner)
-
-
 class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
     """The log file, opened by files.open_file (no link followed, created for SlurmUser by a root run)."""
 
@@ -90,7 +81,7 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
     if config is not None and config.log.file is not None:
         owner, file = service_owner(config), config.log.file
         try:
-            _made_for(owner, file.parent, lambda: file.parent.mkdir(parents=True))
+            make_directory(file.parent, owner)
             handlers.append(_LogFile(file, owner))
         except OSError as exc:
             fix = "" if isinstance(exc, (UnsafeFile, PermissionError)) else \
