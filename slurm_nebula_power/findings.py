@@ -15,9 +15,11 @@ from urllib.parse import urlsplit
 
 from .config import Config
 from .files import user_name
+from .model import cell
 from .slurmconf import SlurmConf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
+FIELD_LENGTH = 1000  # characters of a finding's subject, text or fix shown (ours are a few hundred)
 R, W, X = os.R_OK, os.W_OK, os.X_OK
 
 
@@ -31,8 +33,11 @@ class Finding:
     fix: str = ""
 
     def line(self) -> str:
-        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`."""
-        return f"{self.level:<8} {self.subject}: {self.text}" + (f" -> fix: {self.fix}" if self.fix else "")
+        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`, one line whatever OpenNebula answered:
+        its values (oned's version, a template's CONTEXT, error texts) are escaped and cut, so none can
+        forge an `ok` line or hide a problem."""
+        subject, text, fix = (cell(part, FIELD_LENGTH) for part in (self.subject, self.text, self.fix))
+        return f"{self.level:<8} {subject}: {text}" + (f" -> fix: {fix}" if fix else "")
 
 
 class Report:

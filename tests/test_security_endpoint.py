@@ -263,3 +263,19 @@ def test_a_template_answer_with_a_doctype_is_refused_and_its_entities_never_read
     log = setup.log_text()
     assert "a DOCTYPE, which oned never sends" in log and "a DOCTYPE, which oned never sends" in check.stdout
     assert "Victim-Pa55word" not in log + check.stdout + check.stderr + done.stderr
+
+
+def test_a_newline_in_oned_s_answers_forges_no_line_of_check(tmp_path, sim) -> None:
+    # issue 22 item 6's variant in check: its lines quoted oned's version (and a template's CONTEXT, oned's
+    # error texts) as answered, so a rewriting proxy could add an `ok` line or overwrite a problem with \r
+    forged = b"6.10.0\nok       FORGED: every problem solved&#13;"
+    proxy = HostileEndpoint(sim.endpoint, rewrite=lambda body: body.replace(b">6.10.0<", b">" + forged + b"<"))
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        check = subprocess.run([program("slurm-nebula-power"), "check"], env=run_env(setup), capture_output=True,
+                               text=True, timeout=60)
+    finally:
+        proxy.close()
+    assert "FORGED" in check.stdout, "the answer was rewritten and shown"
+    assert not [line for line in check.stdout.splitlines() if line.startswith("ok       FORGED")], check.stdout
+    assert "\r" not in check.stdout
