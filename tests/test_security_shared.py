@@ -223,3 +223,16 @@ def test_a_planted_audit_file_is_never_followed_read_or_written_and_the_run_goes
     assert "cannot append usage records (those of this run are lost)" in log and setup.password not in log
     assert (setup.root / "one_auth").read_text() == credentials
     assert victim.exists() == (plant == "hardlink") and (plant != "hardlink" or victim.read_text() == "keep\n")
+
+
+def test_a_planted_record_forges_no_line_of_usage_s_disagreements(setup) -> None:
+    # The table's cells were escaped (issue 22 item 6); the disagreements under it quoted a record's node as
+    # written, so a line planted in the audit file could add a line of its own to the report
+    record = {"v": 1, "time": "2026-12-01T00:00:00+00:00", "event": "running", "node": "gpu01\nFORGED: all billed",
+              "vm": 999, "host": "h", "gpus": [], "jobs": [7], "program": "resume", "cluster": "testcluster"}
+    setup.audit.write_text(json.dumps(record) + "\n")
+    usage = subprocess.run([program("slurm-nebula-power"), "usage"], env=run_env(setup), capture_output=True,
+                           text=True, timeout=60)
+    assert usage.returncode == EXIT_NODES_FAILED, usage.stderr
+    assert "VM 999 (gpu01\\nFORGED: all billed)" in usage.stdout, usage.stdout
+    assert not [line for line in usage.stdout.splitlines() if line.startswith("FORGED")], usage.stdout
