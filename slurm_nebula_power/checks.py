@@ -15,6 +15,7 @@ from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
+from .fleetchecks import check_protected
 from .hostlists import fold
 from .operation import Cloud
 from .shapes import (
@@ -348,4 +349,5 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         if slurm_user is not None:
             check_program_access(report, conf, slurm_user)
     check_poweroff(report, config)
+    check_protected(report, config)
     return report
