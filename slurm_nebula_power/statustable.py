@@ -75,7 +75,7 @@ def table_rows(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | N
                nodes: Sequence[str] | None = None,
                now: Callable[[], float] = time.time) -> list[dict[str, Any]]:
     """Survey and diagnose: the rows of the status table."""
-    views = survey(config, cloud, states, nodes)
+    views = survey(config, cloud, states, nodes, hosts=True)
     when = now()
     rows = [row(v, diagnose(v, when, config.power.reconcile_grace, states is not None), when) for v in views]
     protected = protected_sets(config, when)
