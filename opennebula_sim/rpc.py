@@ -6,12 +6,14 @@ import secrets
 import threading
 import xmlrpc.client
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from opennebula_sim import states as S
 from opennebula_sim.actions import quota_message, vm_action, vm_recover
 from opennebula_sim.cloud import ONEADMIN, Cloud, User
 from opennebula_sim.config import TemplateSpec
+from opennebula_sim.hostapi import host_status, host_update
 from opennebula_sim.model import Vm
 from opennebula_sim.onegate import put_vm
 from opennebula_sim.states import OneError
@@ -74,6 +76,8 @@ class Api:
             "one.template.delete": (self.template_delete, "i", "b"),
             "one.hostpool.info": (self.hostpool_info, "", ""),
             "one.host.info": (self.host_info, "i", "b"),
+            "one.host.update": (partial(host_update, cloud), "is", "i"),
+            "one.host.status": (partial(host_status, cloud), "ii", ""),
             "one.vn.info": (self.vn_info, "i", "b"),
             "one.system.version": (self.system_version, "", ""),
             "one.system.config": (self.system_config, "", ""),

@@ -15,7 +15,7 @@ from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
-from .fleetchecks import check_protected
+from .fleetchecks import check_domains, check_protected
 from .hostlists import fold
 from .operation import Cloud
 from .shapes import (
@@ -338,6 +338,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         check_onegate(report, config, cloud)
         check_template_context(report, config, cloud)
         check_capacity(report, config, cloud)
+        check_domains(report, config, cloud, conf, slurm_version(config, environ))
     if conf is not None:
         check_coverage(report, config, conf)
         check_suspend_exclusions(report, config, conf)

@@ -229,7 +229,7 @@ class _Resume:
                 raise
             ctx.recorder.record("removed", boot.node, old, action=action)
         tid, context = self.templates[id(boot.nodeset)]
-        extra = extra_template(ctx.cluster, boot.node, jobs, context)
+        extra = extra_template(ctx.cluster, boot.node, jobs, context, self.gate.placing.get(id(boot.nodeset)))
         result: int = timed("instantiate", boot.node, None, lambda: ctx.cloud.instantiate(tid, boot.node, extra))
         ctx.recorder.record("created", boot.node, vm_id=result, jobs=jobs, action="instantiate")
         return result

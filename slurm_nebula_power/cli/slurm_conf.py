@@ -8,8 +8,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from ..config import Config
-from ..errors import EXIT_OK, PowerError
-from ..shapes import generate, options_shape, read_shapes
+from ..errors import EXIT_OK, PowerError, UsageError
+from ..shapes import generate, options_shape, read_shapes, topology_conf
 from ..slurm import slurm_version
 from .common import interactive_cloud, make_parser, run_command
 
@@ -22,11 +22,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser = make_parser(PROG, "Print the slurm.conf lines for the configured node "
                      "sets (NodeName from each template's VCPU, MEMORY and PCI GPUs), their partitions and "
                      "the power-saving parameters with this installation's program paths.")
+    parser.add_argument("--topology", action="store_true", help="print topology.conf instead: each node set "
+                        "domain's nodes as one Slurm block (23.11+) or switch (22.05), for the slurmctld's release")
     parser.epilog = ("A template OpenNebula cannot show is described from the node set's vcpu, memory_mb and "
                      "gpus options instead. exit: 0 printed, 3 configuration error, 4 a template could be "
                      "read neither from OpenNebula nor from the options")
 
     def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
+        if args.topology:
+            lines = topology_conf(config, slurm_version(config, env))
+            if not lines:
+                raise UsageError(f"no node set of {config.path} has a domain: there is no topology to write")
+            def topology() -> int:
+                print("\n".join(lines))
+                return EXIT_OK
+
+            return topology
         shapes, notes = [], []
         for nodeset, shape, error in read_shapes(config, interactive_cloud(config), unreachable_raises=True):
             if shape is None:
