@@ -20,6 +20,7 @@ from .hosts import Host
 BLOCK_SINCE = (23, 11)  # topology/block
 BLOCK_SIZES_SINCE = (24, 5)  # topology.conf BlockSizes
 TOP_SWITCH = "nebula-top"  # topology/tree: the switch above the domains' switches
+OTHERS = "nebula-other"  # the block (switch) of the nodes of node sets without a domain
 
 
 def hosts_of_domain(hosts: Iterable[Host], attribute: str, value: str) -> tuple[Host, ...]:
@@ -45,34 +46,47 @@ class Topology:
     plugin: str
     lines: tuple[str, ...]
     groups: tuple[tuple[str, tuple[str, ...]], ...]  # (block or switch name, its nodes), in order
+    note: str = ""  # why topology/tree where the release has topology/block
 
 
-def topology(domains: Mapping[str, Sequence[str]], others: Sequence[Sequence[str]],
-             version: tuple[int, int] | None) -> Topology:
-    """One block per domain (all node sets of one domain together), and one per node set without a domain,
-    so that every node is in the topology; topology/block from 23.11 (BlockSizes: the smallest block, from
-    24.05), else topology/tree with a switch above the leaves. `version` None: tree, which every release
-    takes."""
+def topology(domains: Mapping[str, Sequence[str]], others: Sequence[str], version: tuple[int, int] | None
+             ) -> Topology:
+    """One block per domain, and one for the nodes of the node sets without a domain (`others`), so that every
+    node is in the topology: topology/block (23.11+) leaves a node outside every block unusable ("Requested
+    topology configuration is not available", 24.11).
+
+    BlockSizes (24.05+) is the smallest domain's node count: Slurm then keeps a job of up to that many nodes
+    inside one block, waiting for room rather than spanning two (measured on 24.11: with BlockSizes=1 a 2-node
+    job took a node of each of two blocks). Every block must hold at least BlockSizes nodes or slurmctld
+    refuses to start, so when the nodes without a domain are fewer than a domain's, topology/tree is used
+    instead (it prefers one switch, it does not wait for one), and `note` says why. Before 23.11, and for an
+    unknown release, topology/tree: a switch per domain and one above them."""
     groups: list[tuple[str, tuple[str, ...]]] = [(name, tuple(nodes)) for name, nodes in domains.items()]
-    taken = set(domains)
-    for index, nodes in enumerate(others):
-        name = f"nodes-{index}"
-        while name in taken:
+    base = min((len(nodes) for _, nodes in groups), default=0)
+    if others:
+        name = OTHERS
+        while name in domains:
             name += "_"
-        taken.add(name)
-        groups.append((name, tuple(nodes)))
-    if version is not None and version >= BLOCK_SINCE:
+        groups.append((name, tuple(others)))
+    note = ""
+    block = version is not None and version >= BLOCK_SINCE
+    if block and others and len(others) < base:
+        block = False
+        note = (f"topology/tree, not topology/block: the {len(others)} nodes without a domain are fewer than the "
+                f"smallest domain's {base}, and every block needs at least BlockSizes nodes; give them a domain "
+                "to have Slurm keep a job inside one domain")
+    if block:
         lines = [f"BlockName={name} Nodes={fold(nodes)}" for name, nodes in groups]
-        if version >= BLOCK_SIZES_SINCE and groups:
-            lines.append(f"BlockSizes={min(len(nodes) for _, nodes in groups)}")
+        if version is not None and version >= BLOCK_SIZES_SINCE and groups:
+            lines.append(f"BlockSizes={base}")
         return Topology("topology/block", tuple(lines), tuple(groups))
     lines = [f"SwitchName={name} Nodes={fold(nodes)}" for name, nodes in groups]
     if len(groups) > 1:
         top = TOP_SWITCH
-        while top in taken:
+        while top in domains or top == groups[-1][0]:
             top += "_"
         lines.append(f"SwitchName={top} Switches={','.join(name for name, _ in groups)}")
-    return Topology("topology/tree", tuple(lines), tuple(groups))
+    return Topology("topology/tree", tuple(lines), tuple(groups), note)
 
 
 def parse_topology(text: str) -> dict[str, tuple[str, ...]]:

@@ -16,6 +16,7 @@ from .hosts import Host
 from .model import cell
 from .operation import Cloud
 from .protectlog import ProtectLog
+from .shapes import config_topology
 from .slurmconf import SlurmConf
 
 MOST_TOPOLOGY = 4 << 20  # topology.conf read at most (a 10,000-node site's is some 100 KB)
@@ -96,6 +97,9 @@ def _check_topology(report: Report, config: Config, conf: SlurmConf, version: tu
     if plugin not in ("topology/block", "topology/tree"):
         report.problem(subject, f"{plugin or 'not set'}: Slurm may give a job nodes of several domains", fix)
         return
+    expected = config_topology(config, version)
+    if expected is not None and expected.note:
+        report.warn(subject, expected.note, "give the node sets without a domain one, or enough nodes")
     if plugin == "topology/block" and version is not None and version < BLOCK_SINCE:
         report.problem(subject, f"topology/block needs Slurm 23.11, this is {version[0]}.{version[1]:02d}",
                        "TopologyPlugin=topology/tree, with " + fix)

@@ -186,7 +186,7 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
         where = config.slurm.slurm_conf.parent / "topology.conf" if config.slurm.slurm_conf else "topology.conf"
         lines += [f"# the node sets' domains as Slurm {domains.plugin.split('/')[1]}s: a job Slurm keeps in one runs "
                   f"in one domain; write topology.conf with: slurm-nebula-power slurm-conf --topology > {where}",
-                  f"TopologyPlugin={domains.plugin}"]
+                  *([f"# {domains.note}"] if domains.note else []), f"TopologyPlugin={domains.plugin}"]
     return lines
 
 
@@ -198,7 +198,7 @@ def config_topology(config: Config, version: tuple[int, int] | None) -> Topology
     for nodeset in config.nodesets:
         if nodeset.domain is not None:
             domains.setdefault(nodeset.domain, []).extend(nodeset.nodes)
-    return topology(domains, [ns.nodes for ns in config.nodesets if ns.domain is None], version)
+    return topology(domains, [node for ns in config.nodesets if ns.domain is None for node in ns.nodes], version)
 
 
 def topology_conf(config: Config, version: tuple[int, int] | None) -> list[str]:
@@ -210,5 +210,5 @@ def topology_conf(config: Config, version: tuple[int, int] | None) -> list[str]:
         f"Slurm {version[0]}.{version[1]:02d}"
     return [f"# topology.conf from slurm-nebula-power {__version__} for {config.path}, {release}",
             f"# one {'block' if found.plugin.endswith('block') else 'switch'} per domain ([opennebula] "
-            f"domain_attribute {config.opennebula.domain_attribute}) and per node set without one",
-            *found.lines]
+            f"domain_attribute {config.opennebula.domain_attribute}), one for the nodes without a domain",
+            *([f"# {found.note}"] if found.note else []), *found.lines]

@@ -69,29 +69,40 @@ def test_the_extra_template_carries_the_requirement_escaped() -> None:
 
 
 @pytest.mark.parametrize(("version", "plugin", "lines"), [
-    ((22, 5), "topology/tree", ["SwitchName=nvl-a Nodes=gpu[01-02]", "SwitchName=nvl-b Nodes=gpu[03-05]",
-                                "SwitchName=nodes-0 Nodes=cpu[01-04]",
-                                "SwitchName=nebula-top Switches=nvl-a,nvl-b,nodes-0"]),
+    ((22, 5), "topology/tree", ["SwitchName=nvl-a Nodes=gpu[01-02]", "SwitchName=nvl-b Nodes=gpu[03-04]",
+                                "SwitchName=nebula-other Nodes=cpu[01-04]",
+                                "SwitchName=nebula-top Switches=nvl-a,nvl-b,nebula-other"]),
     (None, "topology/tree", None),
-    ((23, 11), "topology/block", ["BlockName=nvl-a Nodes=gpu[01-02]", "BlockName=nvl-b Nodes=gpu[03-05]",
-                                  "BlockName=nodes-0 Nodes=cpu[01-04]"]),
-    ((24, 11), "topology/block", ["BlockName=nvl-a Nodes=gpu[01-02]", "BlockName=nvl-b Nodes=gpu[03-05]",
-                                  "BlockName=nodes-0 Nodes=cpu[01-04]", "BlockSizes=2"]),
+    ((23, 11), "topology/block", ["BlockName=nvl-a Nodes=gpu[01-02]", "BlockName=nvl-b Nodes=gpu[03-04]",
+                                  "BlockName=nebula-other Nodes=cpu[01-04]"]),
+    ((24, 11), "topology/block", ["BlockName=nvl-a Nodes=gpu[01-02]", "BlockName=nvl-b Nodes=gpu[03-04]",
+                                  "BlockName=nebula-other Nodes=cpu[01-04]", "BlockSizes=2"]),
     ((26, 5), "topology/block", None),
 ])
 def test_each_domain_is_one_block_or_switch(version, plugin, lines) -> None:
-    found = topology({"nvl-a": ["gpu01", "gpu02"], "nvl-b": ["gpu03", "gpu04", "gpu05"]},
-                     [["cpu01", "cpu02", "cpu03", "cpu04"]], version)
-    assert found.plugin == plugin
+    found = topology({"nvl-a": ["gpu01", "gpu02"], "nvl-b": ["gpu03", "gpu04"]},
+                     ["cpu01", "cpu02", "cpu03", "cpu04"], version)
+    assert (found.plugin, found.note) == (plugin, "")
     if lines is not None:
         assert list(found.lines) == lines
-    assert {name: nodes for name, nodes in parse_topology("\n".join(found.lines)).items()
-            if name != "nebula-top"} == {"nvl-a": ("gpu[01-02]",), "nvl-b": ("gpu[03-05]",), "nodes-0": ("cpu[01-04]",)}
+    shown = parse_topology("\n".join(found.lines))
+    assert {name: nodes for name, nodes in shown.items() if name != "nebula-top"} == {
+        "nvl-a": ("gpu[01-02]",), "nvl-b": ("gpu[03-04]",), "nebula-other": ("cpu[01-04]",)}
 
 
-def test_a_node_set_without_a_domain_never_takes_a_domains_name() -> None:
-    found = topology({"nodes-0": ["gpu01"]}, [["cpu01"]], (22, 5))
-    assert [name for name, _ in found.groups] == ["nodes-0", "nodes-0_"]
+def test_blocksizes_is_the_smallest_domain_and_fewer_nodes_without_one_mean_tree() -> None:
+    # every block needs BlockSizes nodes (slurmctld refuses to start otherwise, 24.11): 1 node without a
+    # domain cannot be a block beside domains of 2
+    found = topology({"nvl-a": ["gpu01", "gpu02"], "nvl-b": ["gpu03", "gpu04", "gpu05"]}, ["cpu01"], (24, 11))
+    assert found.plugin == "topology/tree" and "the 1 nodes without a domain are fewer" in found.note
+    found = topology({"nvl-a": ["gpu01", "gpu02"], "nvl-b": ["gpu03", "gpu04", "gpu05"]}, [], (24, 11))
+    assert found.lines[-1] == "BlockSizes=2" and found.note == ""
+
+
+def test_the_nodes_without_a_domain_never_take_a_domains_name() -> None:
+    found = topology({"nebula-other": ["gpu01"]}, ["cpu01"], (22, 5))
+    assert [name for name, _ in found.groups] == ["nebula-other", "nebula-other_"]
+    assert found.lines[-1] == "SwitchName=nebula-top Switches=nebula-other,nebula-other_"
 
 
 def test_the_host_parser_keeps_the_templates_single_values_bounded() -> None:

@@ -78,17 +78,15 @@ def shown_topology(env: E2E) -> dict[str, list[str]]:
 
 
 def test_the_topology_slurm_conf_writes_is_accepted_by_slurmctld(e2e) -> None:
-    env: E2E = e2e(nodes=(*NODES, "cpu01"), hosts=4)
-    text = env.config.read_text()
-    env.config.write_text(text.replace('nodes = "gpu01,gpu02,gpu03,gpu04,cpu01"', 'nodes = "cpu01"'))
+    env: E2E = e2e(nodes=(*NODES, "cpu01", "cpu02"), hosts=4)
     with_domains(env.config, env.boot_timeout)
-    env.config.write_text(env.config.read_text() + '[[nodeset]]\nnodes = "cpu01"\ntemplate = "slurm-cpu-worker"\n')
+    env.config.write_text(env.config.read_text() + '[[nodeset]]\nnodes = "cpu[01-02]"\ntemplate = "slurm-cpu-worker"\n')
     plugin = install_topology(env)
     version = env.cluster.version
     assert plugin == ("TopologyPlugin=topology/block" if version >= (23, 11) else "TopologyPlugin=topology/tree")
     shown = shown_topology(env)
     assert shown["nvl-a"] == ["gpu01", "gpu02"] and shown["nvl-b"] == ["gpu03", "gpu04"], shown
-    assert shown["nodes-0"] == ["cpu01"], "a node set without a domain is in the topology too"
+    assert shown["nebula-other"] == ["cpu01", "cpu02"], "a node set without a domain is in the topology too"
     complaints = [line for line in env.cluster.log_text("slurmctld.log").splitlines()
                   if "topolog" in line.lower() and ("error" in line.lower() or "warning" in line.lower())]
     assert complaints == [], "slurmctld took the topology without a complaint"
@@ -122,3 +120,32 @@ def test_a_two_node_job_runs_inside_one_domain(e2e) -> None:
     assert {block for block, _ in placed.values()} == {"nvl-a", "nvl-b"}, placed
     finding("domains: two 2-node jobs on 2 blocks of 2 nodes", "; ".join(
         f"job {job}: {','.join(nodes)} in {block}" for job, (block, nodes) in placed.items()))
+
+
+def test_with_one_free_node_in_each_domain_a_two_node_job_waits_for_one_domain(e2e) -> None:
+    """What topology/block buys (23.11+): BlockSizes, the domain's node count, keeps a job inside one domain;
+    it waits rather than spanning two. topology/tree (22.05) prefers one switch but spans when it must."""
+    hosts = tuple(dataclasses.replace(h, attributes=(("NVLINK_DOMAIN", HOST_DOMAIN[h.name]),))
+                  for h in gpu_hosts(4, 1))
+    env: E2E = e2e(nodes=NODES, sim_hosts=hosts, boot_timeout=20)
+    with_domains(env.config, 20)
+    plugin = install_topology(env)
+    c = env.cluster
+    release = c.base / "release-holds"
+    holds = [c.sbatch(f"--nodelist={node}", script=job_script(first=f"while [ ! -e {release} ]; do sleep 0.2; done"),
+                      nodes=1) for node in ("gpu01", "gpu03")]
+    for job in holds:
+        env.wait(lambda job=job: c.job_state(job) == "RUNNING", 90, f"job {job} running")
+    two = c.sbatch(script=job_script(), nodes=2)
+    if plugin.endswith("block"):
+        env.wait(lambda: c.job_info(two).get("Reason") == "Resources", 30, "the 2-node job waiting")
+        assert c.job_state(two) == "PENDING", "a node of each domain is free: it waits for one domain"
+        release.touch()
+    c.wait_job(two, ("COMPLETED",), 120)
+    release.touch()
+    nodes = expand(c.job_info(two)["NodeList"])
+    spans = {NODE_DOMAIN[n] for n in nodes}
+    if plugin.endswith("block"):
+        assert len(spans) == 1, nodes
+    finding("domains: 2-node job while each domain has one node free", f"{plugin.split('=')[1]}: ran on "
+            f"{','.join(nodes)} ({'one domain, after waiting' if len(spans) == 1 else 'spanning domains'})")
