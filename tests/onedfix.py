@@ -91,6 +91,28 @@ class RealOned:
         answer = server.one.host.status(self.auth, self.host_id(name), code)
         assert answer[0], answer
 
+    def host_states(self) -> dict[str, int]:
+        """Host name -> STATE (2 MONITORED, 4 DISABLED, 8 OFFLINE, 0 INIT...)."""
+        import xml.etree.ElementTree as ET
+        import xmlrpc.client
+
+        pool = ET.fromstring(xmlrpc.client.ServerProxy(self.endpoint).one.hostpool.info(self.auth)[1])
+        return {h.findtext("NAME") or "": int(h.findtext("STATE") or -1) for h in pool.iterfind("HOST")}
+
+    def enable_hosts(self, timeout: float = 60) -> None:
+        """`onehost enable` every host that is not MONITORED (enabling one that is would send it through INIT,
+        where it takes no VM until its next monitoring), then wait until every host is MONITORED."""
+        import time
+
+        for name, state in self.host_states().items():
+            if state in (4, 8):
+                self.host_status(name, "enable")
+        deadline = time.monotonic() + timeout
+        while any(state != 2 for state in self.host_states().values()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"hosts not MONITORED within {timeout} s: {self.host_states()}")
+            time.sleep(0.3)
+
     def host_update(self, name: str, text: str) -> None:
         """`onehost update NAME --append` with this template text (e.g. NVLINK_DOMAIN = "nvl-a")."""
         import xmlrpc.client
