@@ -8,7 +8,7 @@ from opennebula_sim.cloud import Cloud, User
 from opennebula_sim.config import HOST_STATES
 from opennebula_sim.model import Host
 from opennebula_sim.states import OneError
-from opennebula_sim.templates import TemplateSyntaxError, parse_template
+from opennebula_sim.templates import Template, TemplateSyntaxError, parse_template
 
 STATUS = {0: "MONITORED", 1: "DISABLED", 2: "OFFLINE"}  # HostAPI::status: ENABLED, DISABLED, OFFLINE
 
@@ -19,15 +19,21 @@ def _host(cloud: Cloud, host_id: int) -> Host:
     return cloud.hosts[host_id]
 
 
-def host_update(cloud: Cloud, user: User, host_id: int, text: str, update_type: int = 0) -> int:
-    """one.host.update: replace (0) or merge into (1) the host's TEMPLATE; single values only (a vector is
-    kept as oned keeps it, but not shown to SCHED_REQUIREMENTS here); the host's id."""
+def update_text(text: str, update_type: int) -> Template:
+    """The template of an update call (one.vm.update, one.host.update), or oned's errors: `Wrong update type`
+    for a type but 0 (replace) and 1 (merge), `Cannot update template. <parse error>`."""
     if update_type not in (0, 1):
         raise OneError(S.XML_RPC_API, "Wrong update type")
     try:
-        tmpl = parse_template(text)
+        return parse_template(text)
     except TemplateSyntaxError as exc:
         raise OneError(S.INTERNAL, f"Cannot update template. {exc}") from None
+
+
+def host_update(cloud: Cloud, user: User, host_id: int, text: str, update_type: int = 0) -> int:
+    """one.host.update: replace (0) or merge into (1) the host's TEMPLATE; single values only (a vector is
+    not kept); the host's id."""
+    tmpl = update_text(text, update_type)
     values = {key: str(vals[-1]) for key, vals in tmpl.items() if vals and isinstance(vals[-1], str)}
     with cloud.lock:
         host = _host(cloud, host_id)

@@ -11,20 +11,16 @@ regular files of ours, with a size cap, and a root run makes them for SlurmUser 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .files import Owner, flocked, read_capped, replace
+from .cooldown import NodeSetFiles
+from .files import flocked, replace
 
 log = logging.getLogger(__name__)
 
-MOST_BYTES = 16 << 10  # a state file's size at most (ours are a few hundred bytes)
 LOCK_WAIT = 5.0  # seconds a resume waits for another's update of the same node set
 UNPROTECT = "slurm-nebula-power unprotect"  # the operator command that clears it (cli/unprotect.py)
 
@@ -75,40 +71,18 @@ def after_failures(old: Protection | None, nodes: str, count: int, reason: str, 
     return Protection(nodes, failures, reason, since)
 
 
-class ProtectLog:
+class ProtectLog(NodeSetFiles[Protection]):
     """Where resume records boot failures and good boots, per node set, and reads protected mode back."""
 
-    def __init__(self, directory: Path, clock: Callable[[], float] = time.time, owner: Owner | None = None) -> None:
-        self.directory = directory
-        self.clock = clock
-        self.owner = owner  # who gets the files a root run writes (SlurmUser)
+    KIND, WHAT = "protect", "protected-mode state"
 
-    def path(self, nodes: str) -> Path:
-        """The state file of a node set (named by a hash: a hostlist expression can be long)."""
-        digest = hashlib.sha256(nodes.encode()).hexdigest()[:16]
-        return self.directory / f"protect-{digest}.json"
-
-    def read(self, nodes: str) -> Protection | None:
-        """The node set's state, or None (in good standing, or the file is unusable: logged)."""
-        path = self.path(nodes)
-        try:
-            raw = read_capped(path, MOST_BYTES, self.owner)
-            if raw is None:
-                return None
-            data: Any = json.loads(raw)
-            if not isinstance(data, dict) or data.get("nodes") != nodes:
-                return None
-            since = data.get("since")
-            failures = int(data["failures"])
-            if failures < 0:
-                raise ValueError("negative count")
-            return Protection(nodes, failures, str(data.get("reason", ""))[:200],
-                              None if since is None else float(since))
-        except OSError as exc:
-            log.warning("ignoring unreadable protected-mode state %s: %s", path, exc.strerror or exc)
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # never quoted: it may hold anything
-            log.warning("ignoring malformed protected-mode state %s (%s)", path, type(exc).__name__)
-        return None
+    def parse(self, nodes: str, data: dict[str, Any]) -> Protection:
+        """The state from its file."""
+        since = data.get("since")
+        failures = int(data["failures"])
+        if failures < 0:
+            raise ValueError("negative count")
+        return Protection(nodes, failures, str(data.get("reason", ""))[:200], None if since is None else float(since))
 
     def failed(self, nodes: str, count: int, reason: str, threshold: int, period: float) -> Protection:
         """Add `count` boot failures to the node set's state (under its lock); errors are logged, never raised."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -29,7 +28,9 @@ import pytest
 from slurm_findings import finding
 from slurmharness import SlurmCluster
 from test_e2e_domains import shown_topology
+from test_real_oned_e2e import Hypervisor
 from test_real_oned_programs import pool, wipe
+from test_worker import write_config
 
 from slurm_nebula_power.hostlists import expand
 from slurm_nebula_power.model import DONE
@@ -44,41 +45,25 @@ NODE_DOMAIN = {"gpu01": "nvl-a", "gpu02": "nvl-a", "gpu03": "nvl-b", "gpu04": "n
 CLUSTER = "cloudtest"
 
 
-class Guests:
-    """Plays the hypervisor: a RUNNING VM of ours boots its node's slurmd at the VM's address; a VM that
-    leaves RUNNING halts it."""
+class Guests(Hypervisor):
+    """Plays the hypervisor without the worker bootstrap: a RUNNING VM of ours starts its node's slurmd at the
+    VM's address (SlurmCluster.start_slurmd); a VM that leaves RUNNING stops it."""
 
     def __init__(self, oned, cluster: SlurmCluster) -> None:
-        self.oned, self.cluster = oned, cluster
-        self.booted: dict[int, str] = {}
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="fleet-guests", daemon=True)
-        self.thread.start()
+        self.cluster = cluster
+        super().__init__(oned)
 
-    def run(self) -> None:
-        while not self.stopping.wait(0.2):
-            try:
-                vms = {vm.id: vm for vm in pool(self.oned) if vm.is_ours(CLUSTER, vm.name)}
-            except Exception:  # oned busy or stopping: look again
-                continue
-            for vm in vms.values():
-                if vm.running and vm.ip and vm.id not in self.booted:
-                    self.booted[vm.id] = vm.name
-                    threading.Thread(target=self._boot, args=(vm.name, vm.ip), daemon=True).start()
-            for vm_id, node in list(self.booted.items()):
-                if vm_id not in vms or not vms[vm_id].running:
-                    del self.booted[vm_id]
-                    self.cluster.stop_slurmd(node)
+    def start_guest(self, vm) -> None:
+        threading.Thread(target=self._boot, args=(vm.name, vm.ip), daemon=True).start()
+
+    def stop_guest(self, vm_id: int, name: str) -> None:
+        self.cluster.stop_slurmd(name)
 
     def _boot(self, node: str, addr: str) -> None:
         try:
             self.cluster.start_slurmd(node, addr)
         except Exception as exc:  # the node then never registers: the test says so
             print(f"guest {node} at {addr} did not start: {exc}")
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
 
 
 @dataclass
@@ -125,33 +110,15 @@ def fleet(oned, slurm_factory) -> Iterator[Fleet]:
                             suspend_program=suspend, resume_fail_program=fail, suspend_time=10, suspend_timeout=15,
                             resume_timeout=120, cred_expire=5)
     base = cluster.base
+    config = write_config(cluster, oned.endpoint, boot_timeout=90)  # found beside slurm.conf
     (base / "one_auth").write_text(oned.auth + "\n")
-    (base / "one_auth").chmod(0o600)
-    config = base / "nebula-power.toml"  # beside slurm.conf: found through SLURM_CONF
-    config.write_text(textwrap.dedent(f"""\
-        [opennebula]
-        endpoint = "{oned.endpoint}"
-        auth_file = "one_auth"
-        timeout = 10
-        retry_seconds = 20
-        domain_attribute = "NVLINK_DOMAIN"
-
-        [slurm]
-        scontrol = "{cluster.binaries['scontrol']}"
-
-        [log]
-        file = "{cluster.log_dir / 'nebula-power.log'}"
-        level = "debug"
-
-        [power]
-        lock_dir = "{base / 'locks'}"
-        suspend_timeout = 10
-        poll_max = 0.5
-        reconcile_grace = 0
-        """) + "".join(
+    text = config.read_text()
+    text = text[:text.index("[[nodeset]]")].replace("retry_seconds = 10\n", 'retry_seconds = 10\ndomain_attribute = '
+                                                    '"NVLINK_DOMAIN"\n').replace("poll_max = 0.5\n", "poll_max = 0.5\n"
+                                                                                  "reconcile_grace = 0\n")
+    config.write_text(text + "".join(
         f'[[nodeset]]\nnodes = "{nodes}"\ntemplate = "slurm-gpu-worker"\nboot_timeout = 90\ndomain = "{domain}"\n\n'
         for nodes, domain in (("gpu[01-02]", "nvl-a"), ("gpu[03-04]", "nvl-b"))))
-    cluster.add_log("nebula-power.log", cluster.log_dir / "nebula-power.log")
     site = Fleet(oned, cluster, config)
     [plugin] = [line for line in site.power("slurm-conf") if line.startswith("TopologyPlugin=")]
     (base / "topology.conf").write_text("\n".join(site.power("slurm-conf", "--topology")) + "\n")
