@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 
 import pytest
 from opsupport import show
@@ -201,3 +202,21 @@ def test_a_poll_that_sees_a_good_boot_and_failures_counts_the_good_boot(tmp_path
     assert ProtectLog(tmp_path).read("gpu[01-99]") is None and guard.holding(nodeset) is None  # type: ignore[arg-type]
     guard.note(nodeset, 0, ["VM failed to boot"] * 3)  # type: ignore[arg-type]
     assert "protected after 3 boot failures" in (guard.holding(nodeset) or "")  # type: ignore[arg-type]
+
+
+def test_a_guest_that_never_reports_ready_is_a_boot_failure_unless_its_slurmd_registered(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from slurm_nebula_power.booting import Boot, not_ready_up
+    from slurm_nebula_power.operation import Outcome
+
+    nodeset = SimpleNamespace(nodes_expr="gpu[01-03]", boot_timeout=60.0)
+    late = [Boot(node, nodeset, 0.0, vm_id=i) for i, node in enumerate(("gpu01", "gpu02", "gpu03"))]  # type: ignore[arg-type]
+    ctx = SimpleNamespace(slurm=SimpleNamespace(registered=lambda nodes: {"gpu02"}))
+    noted = []
+    outcome, failures = Outcome(), defaultdict(list)
+    not_ready_up(ctx, outcome, late, failures, lambda ns, good, bad: noted.append((good, bad)))  # type: ignore[arg-type]
+    assert outcome.done == ["gpu02"]
+    assert [b.node for b in failures["guest did not report READY=YES within boot_timeout 60s (RUNNING)"]] == [
+        "gpu01", "gpu03"]
+    assert noted == [(1, ["guest did not report READY=YES"] * 2)]
