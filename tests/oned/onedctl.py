@@ -5,6 +5,7 @@ Standard library only (the host python may lack pyone).  Subcommands:
   ports N                        N distinct free 127.0.0.1 ports (free for TCP and UDP), one per line
   configure DIR KEY=VALUE...     edit DIR/etc/{oned,monitord,onegate-server,onehem-server}.conf
   probe FILE GPUS                make the dummy host probe report GPUS GPUs (buses 02, 03, ...)
+  forced-probe DIR FILE          a VM status probe in DIR reporting the VM states a test writes to FILE
   wait-rpc ENDPOINT AUTH SECONDS PID   wait until oned answers one.system.version
   setup ENDPOINT AUTH HOSTS      markets off, dummy datastores, hosts, network, templates
   wait-ready ENDPOINT AUTH HOSTS GPUS SECONDS   every host MONITORED, datastore 0 TOTAL_MB > 0
@@ -201,6 +202,26 @@ def probe(path: str, gpus: int) -> None:
         b = b.replace('BUS = "02"', f'BUS = "{bus}"').replace('"02:00.0"', f'"{bus}:00.0"')
         copies.append(b)
     write(path, text[:m.start()] + "".join(copies) + text[m.end():])
+
+
+FORCED_PROBE = """#!/bin/sh
+# The VM states a test forces, as a hypervisor's monitor would report them (tests/oned, onedfix.RealOned
+# force_vm_state): lines "<host id> <vm id> <STATE>" in {states}; STATE POWEROFF (a killed qemu), FAILURE
+# (oned: UNKNOWN). oned ignores a report within 30 s of the VM's last state change.
+cat >/dev/null
+[ -f {states} ] || exit 0
+exec awk -v host="$2" '$1 == host {{
+    printf "VM = [ ID=\\"%s\\", DEPLOY_ID=\\"one-%s\\", STATE=\\"%s\\" ]\\n", $2, $2, $3 }}' {states}
+"""
+
+
+def forced_probe(directory: str, states: str) -> None:
+    """The dummy IM runs every executable in vm/status each STATE_VM period (5 s): add one that reports
+    the VM states a test forces; no file, no report."""
+    path = os.path.join(directory, "forced_states.sh")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(FORCED_PROBE.format(states=states))
+    os.chmod(path, 0o755)
 
 
 # ---- XML-RPC ------------------------------------------------------------------------------------------
@@ -400,6 +421,8 @@ def main(argv: list[str]) -> None:
         configure(args[0], dict(a.split("=", 1) for a in args[1:]))
     elif cmd == "probe":
         probe(args[0], int(args[1]))
+    elif cmd == "forced-probe":
+        forced_probe(args[0], args[1])
     elif cmd == "wait-rpc":
         wait_rpc(args[0], args[1], float(args[2]), int(args[3]))
     elif cmd == "wait-http":

@@ -92,6 +92,9 @@ for d in "$R"/market/*/; do
 done
 # The dummy host probe reports ONED_GPUS GPUs (stock: one, 02:00.0).
 "$PY" "$HERE/onedctl.py" probe "$R/im/dummy-probes.d/host/system/system.rb" "$GPUS"
+# A VM status probe reporting the states a test forces (DIR/forced_vm_states): host failure, killed qemu.
+mkdir -p "$R/im/dummy-probes.d/vm/status"
+"$PY" "$HERE/onedctl.py" forced-probe "$R/im/dummy-probes.d/vm/status" "$DIR/forced_vm_states"
 
 # ---- ports and configuration -----------------------------------------------------------------------
 read -r ONED_PORT MON_PORT HM_PUB HM_REP GATE_PORT GRPC_PORT <<<"$("$PY" "$HERE/onedctl.py" ports 6 | tr '\n' ' ')"
