@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import ConfigError
-from .imagedisk import BuildFailed, Runner, boot_files, chroot_mounts, extlinux_conf, make_disk
+from .imagedisk import BuildFailed, Runner, boot_files, chroot_mounts, extlinux_conf, grub_cfg, make_disk
 from .imagespec import SUITES, ImageSpec, check_prerequisites
 
 MANIFEST = "etc/slurm-nebula-power-image"
@@ -102,20 +102,21 @@ def build(spec: ImageSpec, say: Callable[[str], None] = print) -> Built:
                                   f"--components={','.join(spec.components)}", f"--include={','.join(spec.includes())}",
                                   spec.suite, str(root), spec.mirror], timeout=3600)
         say("one-context, the worker's settings and the hooks")
+        root_uuid = str(uuid.uuid4())
         with chroot_mounts(runner, root):
             install_one_context(runner, tree, root)
             configure(runner, root)
             run_hooks(runner, spec, root)
             # Again after the hooks: a driver's module options (NVIDIA's nouveau blacklist), fsck of e2fsprogs.
             runner.run("the initramfs", ["chroot", str(root), "update-initramfs", "-u", "-k", "all"], timeout=600)
+            efi_loader = uefi_loader(runner, root, work, root_uuid)
             slurmd = runner.output("slurmd's version", ["chroot", str(root), "dpkg-query", "-W", "-f=${Version}",
                                                         "slurmd"])
         check_slurmd(spec, slurmd)
-        root_uuid = str(uuid.uuid4())
         finish_root(root, spec, slurmd, root_uuid)
         say("the disk: ext4, extlinux, qcow2")
         qcow2 = work / "image.qcow2"
-        make_disk(runner, root, work, spec.size_mb, root_uuid, qcow2)
+        make_disk(runner, root, work, spec.size_mb, root_uuid, qcow2, efi_loader)
         qcow2.chmod(0o644)
         os.replace(qcow2, spec.output)
         runner.note(f"done: {spec.output}")
@@ -216,6 +217,21 @@ def run_hooks(runner: Runner, spec: ImageSpec, root: Path) -> None:
         policy.unlink(missing_ok=True)
 
 
+def uefi_loader(runner: Runner, root: Path, work: Path, root_uuid: str) -> Path:
+    """GRUB as one UEFI executable (grub-mkstandalone, in the chroot) with its configuration built in: it
+    finds the root file system by its UUID and boots /vmlinuz, so kernel updates need no step."""
+    (root / "root/grub.cfg").write_text(grub_cfg(root_uuid))
+    try:
+        runner.run("the UEFI boot loader", ["chroot", str(root), "grub-mkstandalone", "--format=x86_64-efi",
+                                            "--output=/root/BOOTX64.EFI", "boot/grub/grub.cfg=/root/grub.cfg"],
+                   timeout=300)
+    finally:
+        (root / "root/grub.cfg").unlink(missing_ok=True)
+    loader = work / "BOOTX64.EFI"
+    shutil.move(root / "root/BOOTX64.EFI", loader)
+    return loader
+
+
 def check_slurmd(spec: ImageSpec, version: str) -> None:
     """The image's slurmd, as installed, is the release the controller runs (when known)."""
     found = re.match(r"(?:\d+:)?(\d+)\.(\d+)\.", version)
@@ -237,11 +253,11 @@ def finish_root(root: Path, spec: ImageSpec, slurmd: str, root_uuid: str) -> Non
     (root / "etc/machine-id").write_text("")  # systemd makes one at first boot
     (root / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
     (root / "etc/fstab").write_text(f"UUID={root_uuid}\t/\text4\terrors=remount-ro\t0\t1\n")
-    kernel, initrd = boot_files(root)
+    kernel = boot_files(root)
     (root / "boot/extlinux").mkdir(parents=True, exist_ok=True)
-    (root / "boot/extlinux/extlinux.conf").write_text(extlinux_conf(kernel, initrd, root_uuid))
+    (root / "boot/extlinux/extlinux.conf").write_text(extlinux_conf(root_uuid))
     (root / MANIFEST).write_text(
         f"BUILDER=slurm-nebula-power {__version__}\nBUILT={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
-        f"DEBIAN={SUITES[spec.suite][0]}\nSUITE={spec.suite}\nKERNEL={kernel.removeprefix('vmlinuz-')}\n"
+        f"DEBIAN={SUITES[spec.suite][0]}\nSUITE={spec.suite}\nKERNEL={kernel}\n"
         f"SLURMD={slurmd}\nONE_CONTEXT={spec.one_context_version}\n"
         f"PACKAGES={' '.join(spec.packages)}\nHOOKS={' '.join(p.name for p in spec.hooks)}\n")

@@ -6,6 +6,7 @@ compressed qcow2). Every mount and loop device is undone by the ExitStack that m
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,7 +17,8 @@ from .errors import EXIT_NODES_FAILED, PowerError
 
 MBR = Path("/usr/lib/EXTLINUX/mbr.bin")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PARTITION_START = 1024 * 1024  # 1 MiB: the partition's first byte (sector 2048)
+PARTITION_START = 1024 * 1024  # 1 MiB: the first partition's first byte (sector 2048)
+ESP_MB = 64  # the EFI system partition: the standalone GRUB is about 10 MiB
 
 
 class BuildFailed(PowerError):
@@ -120,21 +122,30 @@ def loop_device(runner: Runner, raw: Path, offset: int, size: int) -> Iterator[s
             runner.run(f"detach {device}", ["losetup", "--detach", device], timeout=60)
 
 
-def make_disk(runner: Runner, root: Path, work: Path, size_mb: int, root_uuid: str, qcow2: Path) -> None:
-    """root -> a bootable compressed qcow2 of size_mb: MBR + one ext4 partition + extlinux."""
+def make_disk(runner: Runner, root: Path, work: Path, size_mb: int, root_uuid: str, qcow2: Path,
+              efi_loader: Path) -> None:
+    """root -> a compressed qcow2 of size_mb that boots by BIOS and by UEFI: an MBR with an EFI system
+    partition (GRUB, standalone: BOOTX64.EFI) and the root partition (ext4, extlinux, active)."""
     raw = work / "disk.raw"
     with open(raw, "wb") as file:
         file.truncate(size_mb * 1024 * 1024)
-    # One bootable Linux partition from 1 MiB to the end.
+    esp_start, esp_size = PARTITION_START, ESP_MB * 1024 * 1024
+    root_start = esp_start + esp_size
     runner.run("partition the disk", ["sfdisk", "--quiet", str(raw)], timeout=60,
-               stdin=b"label: dos\nstart=2048, type=83, bootable\n")
-    size = size_mb * 1024 * 1024 - PARTITION_START
-    with loop_device(runner, raw, PARTITION_START, size) as device:
+               stdin=f"label: dos\nstart=2048, size={ESP_MB}MiB, type=ef\nstart={root_start // 512}, type=83, "
+                     "bootable\n".encode())
+    mnt = work / "mnt"
+    mnt.mkdir()
+    with loop_device(runner, raw, esp_start, esp_size) as device:
+        runner.run("make the EFI system partition", ["mkfs.vfat", "-F", "32", "-n", "EFI", device], timeout=120)
+        # mtools writes FAT without mounting it (a build host's kernel may have no vfat).
+        runner.run("the EFI directory", ["mmd", "-i", device, "::/EFI", "::/EFI/BOOT"], timeout=60)
+        runner.run("the UEFI boot loader onto the EFI system partition",
+                   ["mcopy", "-i", device, str(efi_loader), "::/EFI/BOOT/BOOTX64.EFI"], timeout=120)
+    with loop_device(runner, raw, root_start, size_mb * 1024 * 1024 - root_start) as device:
         # -d fills the file system from the tree; no 64bit feature (extlinux reads the file system itself).
         runner.run("make the file system", ["mkfs.ext4", "-q", "-L", "root", "-U", root_uuid, "-O", "^64bit",
                                             "-d", str(root), device], timeout=1800)
-        mnt = work / "mnt"
-        mnt.mkdir()
         with mounted(runner, ["mount", device], mnt):
             runner.run("install extlinux", ["extlinux", "--install", str(mnt / "boot" / "extlinux")], timeout=120)
     with open(raw, "r+b") as disk, open(MBR, "rb") as mbr:
@@ -143,24 +154,31 @@ def make_disk(runner: Runner, root: Path, work: Path, size_mb: int, root_uuid: s
     raw.unlink()
 
 
-def extlinux_conf(kernel: str, initrd: str, root_uuid: str) -> str:
-    """/boot/extlinux/extlinux.conf: the serial console too, so the VM's boot can be read from its log."""
-    return (
-        "DEFAULT linux\nTIMEOUT 1\nPROMPT 0\n"
-        "LABEL linux\n"
-        f"  LINUX /boot/{kernel}\n"
-        f"  INITRD /boot/{initrd}\n"
-        f"  APPEND root=UUID={root_uuid} ro console=tty0 console=ttyS0,115200n8 net.ifnames=0 biosdevname=0\n"
-    )
+KERNEL_ARGS = "ro console=tty0 console=ttyS0,115200n8 net.ifnames=0 biosdevname=0"
 
 
-def boot_files(root: Path) -> tuple[str, str]:
-    """The names of the newest kernel and initramfs under root/boot."""
-    kernels = sorted(p.name for p in (root / "boot").glob("vmlinuz-*"))
-    if not kernels:
-        raise BuildFailed("no kernel in the image's /boot: the kernel package did not install")
-    version = kernels[-1].removeprefix("vmlinuz-")
-    initrd = f"initrd.img-{version}"
-    if not (root / "boot" / initrd).exists():
-        raise BuildFailed(f"no {initrd} in the image's /boot: initramfs-tools did not run")
-    return kernels[-1], initrd
+def extlinux_conf(root_uuid: str) -> str:
+    """/boot/extlinux/extlinux.conf (BIOS): Debian's /vmlinuz and /initrd.img links follow kernel updates;
+    the serial console too, so the VM's boot can be read where the hypervisor logs it."""
+    return (f"DEFAULT linux\nTIMEOUT 1\nPROMPT 0\nLABEL linux\n  LINUX /vmlinuz\n  INITRD /initrd.img\n"
+            f"  APPEND root=UUID={root_uuid} {KERNEL_ARGS}\n")
+
+
+def grub_cfg(root_uuid: str) -> str:
+    """The configuration built into the UEFI loader: the same kernel, found by the root's UUID."""
+    return (f"search --no-floppy --fs-uuid --set=root {root_uuid}\nset timeout=0\n"
+            f"linux /vmlinuz root=UUID={root_uuid} {KERNEL_ARGS}\ninitrd /initrd.img\nboot\n")
+
+
+def boot_files(root: Path) -> str:
+    """The kernel version Debian's /vmlinuz and /initrd.img links (what both boot loaders load) point at."""
+    found = []
+    for link in ("vmlinuz", "initrd.img"):
+        target = os.readlink(root / link) if os.path.islink(root / link) else ""
+        if not target or not (root / target.lstrip("/")).is_file():
+            raise BuildFailed(f"the image has no /{link} link to a file in /boot: the kernel or initramfs-tools "
+                              "did not install")
+        found.append(target.rsplit("/", 1)[-1].split("-", 1)[1])
+    if found[0] != found[1]:
+        raise BuildFailed(f"/vmlinuz is {found[0]} but /initrd.img is {found[1]}: update-initramfs did not run")
+    return found[0]

@@ -26,16 +26,18 @@ COMPONENTS = ("main", "contrib", "non-free", "non-free-firmware")
 # ifupdown and iproute2 (one-context's network renderers), the bootstrap's needs (curl, munge, slurmd), the
 # one-context package's own dependencies (bash, bind9-host, cloud-guest-utils, parted, ruby for the onegate
 # command, sudo, passwd, dbus, openssh-server, qemu-guest-agent, gawk, virt-what), chrony for the clock
-# (munge credentials and Slurm need it), e2fsprogs and fdisk (one-context grows the root filesystem).
+# (munge credentials and Slurm need it), e2fsprogs and fdisk (one-context grows the root filesystem),
+# grub-efi-amd64-bin (the UEFI boot loader is made from it, in the image).
 BASE_PACKAGES = ("systemd-sysv", "udev", "dbus", "initramfs-tools", "ifupdown", "iproute2", "curl",
                  "ca-certificates", "slurmd", "munge", "chrony", "bash", "bind9-host", "cloud-guest-utils",
                  "parted", "ruby", "sudo", "passwd", "openssh-server", "qemu-guest-agent", "gawk", "virt-what",
-                 "e2fsprogs", "fdisk", "procps", "util-linux", "less")
+                 "e2fsprogs", "fdisk", "procps", "util-linux", "less", "grub-efi-amd64-bin")
 # tool -> the Debian package that brings it
 TOOLS = {"mmdebstrap": "mmdebstrap", "qemu-img": "qemu-utils", "extlinux": "extlinux", "sfdisk": "fdisk",
+         "mkfs.vfat": "dosfstools", "mcopy": "mtools", "mmd": "mtools",
          "mkfs.ext4": "e2fsprogs", "losetup": "mount", "mount": "mount", "umount": "mount", "chroot": "coreutils",
          "bash": "bash"}
-FILES = {"/usr/lib/EXTLINUX/mbr.bin": "extlinux", "/usr/lib/syslinux/modules/bios/ldlinux.c32": "syslinux-common"}
+FILES = {"/usr/lib/EXTLINUX/mbr.bin": "extlinux"}
 PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
 MIRROR = re.compile(r"^(https?|file)://[A-Za-z0-9._~:/?#@!$&'()*+,;=%-]+$")
 ONE_CONTEXT_TARBALL = re.compile(r"v?(\d+\.\d+\.\d+)")

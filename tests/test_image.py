@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import subprocess
@@ -115,7 +116,7 @@ def test_a_hook_others_can_write_or_not_executable_is_refused(mode, source, tmp_
 # ---- the image the builder made (tests/kvm/image.sh) --------------------------------------------------
 
 @pytest.fixture(scope="module")
-def image_root(tmp_path_factory):
+def image(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root (a loop device)")
     done = subprocess.run(["bash", str(HERE / "kvm" / "image.sh"), "--path"], capture_output=True, text=True,
@@ -127,9 +128,12 @@ def image_root(tmp_path_factory):
     raw, mnt = work / "disk.raw", work / "mnt"
     mnt.mkdir()
     subprocess.run(["qemu-img", "convert", "-O", "raw", str(path), str(raw)], check=True, timeout=300)
-    subprocess.run(["mount", "-o", "ro,loop,offset=1048576", str(raw), str(mnt)], check=True, timeout=60)
+    table = json.loads(subprocess.run(["sfdisk", "--json", str(raw)], capture_output=True, text=True, check=True,
+                                      timeout=60).stdout)["partitiontable"]["partitions"]
+    starts = {part["type"]: part["start"] * 512 for part in table}
+    subprocess.run(["mount", "-o", f"ro,loop,offset={starts['83']}", str(raw), str(mnt)], check=True, timeout=60)
     try:
-        yield mnt
+        yield mnt, raw, table
     finally:
         subprocess.run(["umount", str(mnt)], check=False, timeout=60)
         raw.unlink()
@@ -146,7 +150,8 @@ def enabled(root: Path, unit: str) -> bool:
 
 
 @pytest.mark.kvm
-def test_the_image_has_the_controllers_slurmd_and_munge(image_root) -> None:
+def test_the_image_has_the_controllers_slurmd_and_munge(image) -> None:
+    image_root = image[0]
     assert (package_version(image_root, "slurmd") or "").startswith("22.05.")  # the host's slurmctld: 22.05
     assert package_version(image_root, "munge")
     manifest = (image_root / "etc/slurm-nebula-power-image").read_text()
@@ -154,7 +159,8 @@ def test_the_image_has_the_controllers_slurmd_and_munge(image_root) -> None:
 
 
 @pytest.mark.kvm
-def test_the_image_has_one_context_from_its_source_with_its_units_enabled(image_root) -> None:
+def test_the_image_has_one_context_from_its_source_with_its_units_enabled(image) -> None:
+    image_root = image[0]
     assert (image_root / "usr/sbin/one-contextd").is_file()
     assert (image_root / "etc/one-context.d/net-97-start-script").is_file()
     assert "ONE_CONTEXT=7.2.1" in (image_root / "etc/slurm-nebula-power-image").read_text()
@@ -164,13 +170,15 @@ def test_the_image_has_one_context_from_its_source_with_its_units_enabled(image_
 
 
 @pytest.mark.kvm
-def test_the_image_leaves_slurmd_and_munge_to_the_bootstrap_and_nothing_to_apt(image_root) -> None:
+def test_the_image_leaves_slurmd_and_munge_to_the_bootstrap_and_nothing_to_apt(image) -> None:
+    image_root = image[0]
     for unit in ("slurmd.service", "munge.service", "apt-daily.timer", "apt-daily-upgrade.timer"):
         assert not enabled(image_root, unit), unit
 
 
 @pytest.mark.kvm
-def test_the_image_bakes_in_no_secret_and_no_identity(image_root) -> None:
+def test_the_image_bakes_in_no_secret_and_no_identity(image) -> None:
+    image_root = image[0]
     assert not (image_root / "etc/munge/munge.key").exists()
     assert not list((image_root / "etc/ssh").glob("ssh_host_*"))
     assert (image_root / "etc/machine-id").read_text() == ""
@@ -178,12 +186,23 @@ def test_the_image_bakes_in_no_secret_and_no_identity(image_root) -> None:
 
 
 @pytest.mark.kvm
-def test_the_image_boots_its_own_root_file_system(image_root) -> None:
+def test_the_image_boots_its_own_root_file_system_by_bios(image) -> None:
+    image_root, _, table = image
+    assert [part.get("bootable", False) for part in table] == [False, True]  # the root partition is active
     fstab = (image_root / "etc/fstab").read_text()
     uuid = re.search(r"UUID=([0-9a-f-]{36})\s+/\s+ext4", fstab)
     assert uuid, fstab
     conf = (image_root / "boot/extlinux/extlinux.conf").read_text()
-    assert f"root=UUID={uuid.group(1)}" in conf
-    kernel = re.search(r"LINUX /boot/(\S+)", conf)
-    assert kernel and (image_root / "boot" / kernel.group(1)).is_file()
+    assert f"root=UUID={uuid.group(1)}" in conf and "LINUX /vmlinuz" in conf and "INITRD /initrd.img" in conf
+    for link in ("vmlinuz", "initrd.img"):  # Debian's links, which kernel updates move
+        assert (image_root / os.readlink(image_root / link)).is_file()
     assert (image_root / "boot/extlinux/ldlinux.sys").is_file()
+
+
+@pytest.mark.kvm
+def test_the_image_has_an_efi_system_partition_with_its_uefi_loader(image) -> None:
+    _, raw, table = image
+    assert [part["type"] for part in table] == ["ef", "83"]
+    listing = subprocess.run(["mdir", "-i", f"{raw}@@{table[0]['start'] * 512}", "::/EFI/BOOT"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "BOOTX64  EFI" in listing, listing

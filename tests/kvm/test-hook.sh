@@ -14,3 +14,18 @@ d $base/run 0755 root root -
 d $base/log 0755 root root -
 EOT
 echo "snp-kvm-test hook: $base for the test controller (Debian $IMAGE_RELEASE, kernel $IMAGE_KERNEL)"
+# Where the boot's time goes, on the console (the test prints it): systemd-analyze once the boot is done.
+cat >/etc/systemd/system/snp-kvm-boot-times.service <<'EOT'
+[Unit]
+Description=the boot test: systemd-analyze on the console
+After=one-context.service
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'systemd-analyze blame | head -n 8 | sed "s/^/snp-kvm-blame: /"'
+StandardOutput=journal+console
+
+[Install]
+WantedBy=multi-user.target
+EOT
+systemctl enable snp-kvm-boot-times.service
