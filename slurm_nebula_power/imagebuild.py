@@ -91,7 +91,13 @@ def build(spec: ImageSpec, say: Callable[[str], None] = print) -> Built:
     started = time.monotonic()
     log_path = spec.output.with_name(spec.output.name + ".log")
     work = Path(tempfile.mkdtemp(prefix=f".{spec.output.name}.", dir=spec.output.parent))
-    with open(log_path, "w", encoding="utf-8") as log, contextlib.ExitStack() as cleanup:
+    # The output's directory may be one others can write (/tmp): the log is never followed through a link.
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise ConfigError(f"cannot write the build log {log_path}: {exc.strerror}") from None
+    with open(fd, "w", encoding="utf-8") as log, contextlib.ExitStack() as cleanup:
         cleanup.callback(remove_work, work)  # last: after every unmount and loop detach
         runner = Runner(log, log_path)
         say(f"building {spec.output} (Debian {SUITES[spec.suite][0]} {spec.suite}); log: {log_path}")

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -77,6 +78,18 @@ def test_a_suite_whose_slurmd_is_not_the_controllers_release_is_refused_before_b
     assert code == EXIT_CONFIG
     assert "the controller runs Slurm 24.11 but bookworm's slurmd is 22.05: build with --suite trixie" in err
     assert not (tmp_path / "w.qcow2.log").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mmdebstrap") is None, reason="needs root, the tools")
+def test_a_build_log_planted_as_a_link_is_not_followed(source, tmp_path) -> None:
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    (tmp_path / "w.qcow2.log").symlink_to(target)
+    code, err = build("--one-context", str(source), "--one-context-version", "7.2.1", "--suite", "bookworm",
+                      "--slurm-release", "22.05", "-o", str(tmp_path / "w.qcow2"))
+    assert code == EXIT_CONFIG and "cannot write the build log" in err, err
+    assert target.read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one-apps", "precious", "w.qcow2.log"]
 
 
 def spec(tmp_path: Path, source: Path, **kw) -> ImageSpec:

@@ -26,6 +26,6 @@ ExecStart=/bin/sh -c 'systemd-analyze blame | head -n 8 | sed "s/^/snp-kvm-blame
 StandardOutput=journal+console
 
 [Install]
-WantedBy=multi-user.target
+WantedBy=one-context.service
 EOT
 systemctl enable snp-kvm-boot-times.service
