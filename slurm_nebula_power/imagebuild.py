@@ -76,12 +76,13 @@ def controller_release(which: Callable[[str], str | None] = shutil.which) -> str
 
 def check_release(spec: ImageSpec) -> None:
     """The suite's slurmd must be the controller's release (slurmd newer than slurmctld is refused by Slurm,
-    and configless needs the controller's options to mean the same)."""
-    if spec.slurm_release is not None and spec.slurm_release != spec.slurm_of_suite:
+    and configless needs the controller's options to mean the same). With hooks, which may install a site's
+    own Slurm packages, the slurmd installed is checked instead, before the disk is made."""
+    if spec.slurm_release is not None and spec.slurm_release != spec.slurm_of_suite and not spec.hooks:
         fits = [suite for suite, (_, slurm) in SUITES.items() if slurm == spec.slurm_release]
         fix = f"--suite {fits[0]}" if fits else "a suite whose slurmd is that release"
         raise ConfigError(f"the controller runs Slurm {spec.slurm_release} but {spec.suite}'s slurmd is "
-                          f"{spec.slurm_of_suite}: build with {fix}, or give --slurm-release")
+                          f"{spec.slurm_of_suite}: build with {fix} (or install the site's slurmd by --hook)")
 
 
 def build(spec: ImageSpec, say: Callable[[str], None] = print) -> Built:

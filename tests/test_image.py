@@ -77,6 +77,7 @@ def test_a_suite_whose_slurmd_is_not_the_controllers_release_is_refused_before_b
         pytest.skip("the release is checked after the root check")
     assert code == EXIT_CONFIG
     assert "the controller runs Slurm 24.11 but bookworm's slurmd is 22.05: build with --suite trixie" in err
+    assert "or install the site's slurmd by --hook" in err
     assert not (tmp_path / "w.qcow2.log").exists()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import signal
 import sys
@@ -81,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
 def spec_of(args: argparse.Namespace) -> ImageSpec:
     """The command line as an ImageSpec; UsageError for a bad value."""
     release = args.slurm_release or controller_release()
-    if args.slurm_release and not args.slurm_release.count(".") == 1:
+    if args.slurm_release and not re.match(r"^\d+\.\d+$", args.slurm_release):
         raise UsageError(f"--slurm-release {args.slurm_release}: a release like 22.05")
     if args.suite:
         suite = suite_of(args.suite)
