@@ -81,14 +81,20 @@ kvm_pid=""
 if [[ $releases == *" 22.05 "* ]]; then
   echo "the real VM boot: in the background once the roots' runs are over; log: $logs/kvm.log" >&2
   (
-    for q in "${pid_of[@]}" "$image_pid"; do while kill -0 "$q" 2>/dev/null; do sleep 5; done; done
+    for q in "${pid_of[@]}" "$image_pid"; do
+      while kill -0 "$q" 2>/dev/null && [ ! -e "$logs/stop" ]; do sleep 5; done
+    done
+    [ ! -e "$logs/stop" ] || exit 130
     echo "kvm: started at $(date -u +%T); image: $(tail -n 1 "$logs/image.log")"
-    exec .venv/bin/python -m pytest -m kvm "$@"
+    # SIGINT, which a background job ignores, is pytest's again: an interrupt lets it stop its VM and daemons.
+    exec env --default-signal=INT .venv/bin/python -m pytest -m kvm "$@"
   ) >"$logs/kvm.log" 2>&1 &
   kvm_pid=$!
 fi
-# An interrupted run stops the roots' runs too (run-in-root.sh passes a TERM on to its pytest).
-trap 'for p in "${pid_of[@]}" "$image_pid" $kvm_pid; do kill -TERM "$p" 2>/dev/null; done' INT TERM
+# An interrupted run stops the roots' runs too (run-in-root.sh passes a TERM on to its pytest), and the real
+# boot's pytest by an interrupt (a TERM would leave its VM, oned and libvirtd running).
+trap 'touch "$logs/stop"; for p in "${pid_of[@]}" "$image_pid"; do kill -TERM "$p" 2>/dev/null; done
+      [ -z "$kvm_pid" ] || kill -INT "$kvm_pid" 2>/dev/null' INT TERM
 host_args=(-n 2 --dist loadgroup)
 if [[ $releases == *" 22.05 "* ]]; then host_args+=(-m "not kvm"); else host_args+=(-m "not slurm and not kvm"); fi
 # Two workers: most of the time goes to waiting on real slurmctld/slurmd and oned, which overlaps well. The

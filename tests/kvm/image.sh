@@ -41,8 +41,13 @@ builder="$REPO/.venv/bin/slurm-nebula-power"
 tmp="$(mktemp -d "$CACHE/.build-$SUITE-XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 chmod 755 "$tmp"
-"$builder" image build --one-context "$ONE_CONTEXT" "${OPTIONS[@]}" --output "$tmp/worker.qcow2" >"$tmp/register" \
+"$builder" image build --one-context "$ONE_CONTEXT" "${OPTIONS[@]}" --output "$tmp/worker.qcow2" >"$tmp/register" &
+child=$!
+# A TERM or an interrupt (setup-and-run.sh stopped) reaches the builder, which undoes its mounts and loop devices.
+trap 'kill -TERM "$child" 2>/dev/null; wait "$child"; exit 143' TERM INT
+wait "$child" \
     || { cp "$tmp/worker.qcow2.log" "$CACHE/$SUITE-failed.log" 2>/dev/null; die "image build failed (log: $CACHE/$SUITE-failed.log)"; }
+trap - TERM INT
 # One image per suite in the cache: the older ones go.
 find "$CACHE" -mindepth 1 -maxdepth 1 -name "$SUITE-*" -type d -exec rm -rf {} +
 mv "$tmp" "$dest"
