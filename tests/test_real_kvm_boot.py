@@ -213,11 +213,6 @@ def test_sbatch_boots_a_real_vm_from_the_built_image_the_job_runs_and_suspend_te
                            ("sbatch -> VM DONE (SuspendTime 15 s)", marks["DONE"])):
         finding(f"{what}: {label}", f"{seconds:.0f} s")
         print(f"{what}: {label}: {seconds:.0f} s")
-    # Where the guest's boot went (tests/kvm/test-hook.sh prints each stage's time on the console).
-    console = host.console.read_text(errors="replace").splitlines()
-    blame = [line.split("snp-kvm-blame:", 1)[1].strip() for line in console if "snp-kvm-blame:" in line]
-    if blame:
-        finding(f"{what}: in the guest (systemd), each stage from boot", "; ".join(blame))
 
 
 def test_gpu_passthrough_on_a_real_hypervisor() -> None:
