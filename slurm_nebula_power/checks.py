@@ -15,6 +15,7 @@ from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
+from .gres import check_gres
 from .hostlists import fold
 from .operation import Cloud
 from .shapes import (
@@ -341,9 +342,11 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         check_coverage(report, config, conf)
         check_suspend_exclusions(report, config, conf)
         check_timers(report, config, conf)
-        check_programs(report, conf, slurm_version(config, environ))
+        version = slurm_version(config, environ)
+        check_programs(report, conf, version)
         check_prolog(report, config, conf)
         check_configless(report, config, conf)
+        check_gres(report, config, conf, version)
         check_cluster_name(report, config, conf)
         if slurm_user is not None:
             check_program_access(report, conf, slurm_user)

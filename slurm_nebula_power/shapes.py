@@ -18,6 +18,7 @@ from .errors import CloudError, TransientCloudError, first_line
 from .hostlists import fold
 from .model import Pci
 from .operation import Cloud
+from .template import DEFAULT_GPU_VENDOR, gpus_of
 
 PROGRAMS = {"ResumeProgram": "slurm-nebula-resume", "SuspendProgram": "slurm-nebula-suspend",
             "ResumeFailProgram": "slurm-nebula-resume-fail"}
@@ -40,12 +41,19 @@ class Shape:
     memory_mb: int
     gpus: int
     source: str
+    gpu_vendor: str = ""  # PCI vendor id of the GPUs when known and the same for all ("10de": NVIDIA)
+    gpu_profile: str = ""  # the vGPU (or MIG-backed vGPU) profile the GPUs are made with, if any
+
+
+def gpu_entries(pci: Any) -> list[Pci]:
+    """The GPUs among a template's PCI entries (CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC)."""
+    devices = pci if isinstance(pci, list) else [pci] if isinstance(pci, dict) else []
+    return [entry for entry in (Pci.from_entry(d) for d in devices if isinstance(d, dict)) if entry.is_gpu]
 
 
 def pci_gpus(pci: Any) -> int:
-    """GPUs among a template's PCI entries (CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC)."""
-    devices = pci if isinstance(pci, list) else [pci] if isinstance(pci, dict) else []
-    return sum(1 for device in devices if isinstance(device, dict) and Pci.from_entry(device).is_gpu)
+    """How many GPUs a template's PCI entries ask for."""
+    return len(gpu_entries(pci))
 
 
 def _number(value: Any) -> float | None:
@@ -61,7 +69,11 @@ def template_shape(template: Mapping[str, Any], tid: int) -> Shape:
     """The Shape of a VM built from this template (oned gives one vCPU when VCPU is unset)."""
     vcpu = _number(template.get("VCPU", 1)) or 1
     memory = _number(template.get("MEMORY", 0)) or 0
-    return Shape(int(vcpu), int(memory), pci_gpus(template.get("PCI")), f"template {tid}")
+    gpus = gpu_entries(template.get("PCI"))
+    vendors = {gpu.vendor.lower() for gpu in gpus}
+    profiles = {gpu.profile for gpu in gpus}
+    return Shape(int(vcpu), int(memory), len(gpus), f"template {tid}",
+                 vendors.pop() if len(vendors) == 1 else "", profiles.pop() if len(profiles) == 1 else "")
 
 
 def options_shape(nodeset: NodeSet) -> Shape | None:
@@ -69,7 +81,10 @@ def options_shape(nodeset: NodeSet) -> Shape | None:
     opts = nodeset.options
     if "vcpu" not in opts or "memory_mb" not in opts:
         return None
-    return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), int(opts.get("gpus", 0)), "node set options")
+    gpus = gpus_of(nodeset)
+    return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), gpus, "node set options",
+                 str(opts.get("gpu_vendor", DEFAULT_GPU_VENDOR)).lower() if gpus else "",
+                 str(opts.get("gpu_profile", "")) if gpus else "")
 
 
 def read_shapes(config: Config, cloud: Cloud, unreachable_raises: bool = False
@@ -171,7 +186,8 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
         lines += ["# a job whose node never registers by ResumeTimeout is requeued, not ended (25.05+; merge "
                   "with your SchedulerParameters)", "SchedulerParameters=requeue_on_resume_failure"]
     if any(shape.gpus for _, shape in shapes):
-        lines.append("GresTypes=gpu")
+        lines += ["# the GPUs' devices go in gres.conf beside slurm.conf: slurm-nebula-power slurm-conf --gres-conf",
+                  "GresTypes=gpu"]
     partitions: dict[str, list[str]] = {}
     for nodeset, shape in shapes:
         lines += [f"# {nodeset.nodes_expr}: {shape.source} ({nodeset.template!r}): {shape.vcpus} vCPU, "

@@ -136,7 +136,11 @@ for release in 24.11 26.05; do
       [ "$rc" -ne 0 ] || rc=1
     fi
   else
-    tail -n 150 "$logs/$suite.log"
+    # pytest's FAILURES and ERRORS sections (the tracebacks, bounded), then the end of the run: the
+    # findings section alone can fill a tail and hide why a test failed (CI once showed only "1 error").
+    sed -n -e '/^=\+ \(FAILURES\|ERRORS\) =\+$/,/^=\+ \(Slurm findings\|short test summary info\)/p' \
+      "$logs/$suite.log" | head -n 600
+    tail -n 60 "$logs/$suite.log"
     summary+=("$release ($suite root): FAILED, exit $r")
     [ "$rc" -ne 0 ] || rc=$r
   fi

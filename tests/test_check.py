@@ -27,6 +27,7 @@ from slurm_nebula_power.cli import check
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.gres import generate_gres
 from slurm_nebula_power.shapes import PROGRAMS, generate, program_path, read_shapes
 
 NODESETS = """\
@@ -44,7 +45,7 @@ PROLOG = f"PrologSlurmctld={program_path('slurm-nebula-prolog')[0]}"  # slurm-co
 
 
 def good_site(sim, root: Path, nodesets: str = NODESETS) -> Setup:
-    """A deployment that passes: slurm.conf made by slurm-conf's generator, SlurmUser root."""
+    """A deployment that passes: slurm.conf and gres.conf made by slurm-conf's generators, SlurmUser root."""
     site = make_setup(root, sim.endpoint, AUTH, nodesets=nodesets)
     config = load_config(site.config, site.env)
     shapes = [(ns, shape) for ns, shape, _ in read_shapes(config, OneCloud(config.opennebula))]
@@ -52,6 +53,7 @@ def good_site(sim, root: Path, nodesets: str = NODESETS) -> Setup:
     conf = ["ClusterName=testcluster", "SlurmUser=root", *lines]
     assert PROLOG in conf
     (root / "slurm.conf").write_text("\n".join(conf) + "\n")
+    (root / "gres.conf").write_text("\n".join(generate_gres(config, shapes)) + "\n")
     return site
 
 

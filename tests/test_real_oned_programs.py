@@ -23,6 +23,7 @@ from slurm_nebula_power.cli import check, status
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.gres import generate_gres
 from slurm_nebula_power.model import DONE, Vm, vms_from_xml
 from slurm_nebula_power.shapes import generate, read_shapes
 
@@ -211,6 +212,7 @@ def test_check_passes_against_the_real_oned(oned, site, capsys) -> None:
     assert [shape.gpus for _, shape in shapes] == [1, 0], "the template's PCI GPU is seen"
     conf = ["ClusterName=testcluster", "SlurmUser=root", *generate(config, shapes, (22, 5))]
     (site.root / "slurm.conf").write_text("\n".join(conf) + "\n")
+    (site.root / "gres.conf").write_text("\n".join(generate_gres(config, shapes)) + "\n")
     code = check.main(["--json"], site.env)
     found = json.loads(capsys.readouterr().out)
     problems = [f for f in found if f["level"] == "problem"]

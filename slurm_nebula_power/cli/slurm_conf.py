@@ -1,4 +1,5 @@
-"""`slurm-nebula-power slurm-conf`: print the slurm.conf lines for the configured node sets."""
+"""`slurm-nebula-power slurm-conf`: print the slurm.conf lines for the configured node sets (--gres-conf: the
+gres.conf lines of their GPUs)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ..config import Config
 from ..errors import EXIT_OK, PowerError
+from ..gres import generate_gres
 from ..shapes import generate, options_shape, read_shapes
 from ..slurm import slurm_version
 from .common import interactive_cloud, make_parser, run_command
@@ -25,6 +27,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.epilog = ("A template OpenNebula cannot show is described from the node set's vcpu, memory_mb and "
                      "gpus options instead. exit: 0 printed, 3 configuration error, 4 a template could be "
                      "read neither from OpenNebula nor from the options")
+    # A file of its own, as Slurm keeps it: `> gres.conf` works, and the slurm.conf lines stay one paste.
+    parser.add_argument("--gres-conf", action="store_true", help="print the gres.conf lines instead: each GPU "
+                        "node set's devices (File=/dev/nvidia...), for the gres.conf beside slurm.conf")
 
     def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         shapes, notes = [], []
@@ -40,7 +45,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             shapes.append((nodeset, shape))
 
         def show() -> int:
-            print("\n".join(generate(config, shapes, slurm_version(config, env), notes)))
+            if args.gres_conf:
+                print("\n".join(generate_gres(config, shapes, notes)))
+            else:
+                print("\n".join(generate(config, shapes, slurm_version(config, env), notes)))
             return EXIT_OK
 
         return show
