@@ -72,6 +72,12 @@ def _unprotect(argv: list[str]) -> int:
     return unprotect.main(argv)
 
 
+def _image(argv: list[str]) -> int:
+    from . import image
+
+    return image.main(argv)
+
+
 def _prolog(argv: list[str]) -> int:
     return prolog_main(argv)
 
@@ -87,6 +93,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "template": (_template, "print a node set's VM template for onetemplate create"),
     "usage": (_usage, "GPU-hours and VM-hours by job, node set, host or day, from the usage records"),
     "example-config": (_examples, "print (or --out DIR: write) the example configuration, units and dashboards"),
+    "image": (_image, "image build: a worker image (qcow2) from Debian packages, and its oneimage command"),
     "prolog-wait": (_prolog, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
 }
 

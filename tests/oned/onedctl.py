@@ -96,9 +96,15 @@ def configure(directory: str, opts: dict[str, str]) -> None:
     oned_port, mon_port = opts["oned_port"], opts["monitord_port"]
     hm_pub, hm_rep, gate_port = opts["hm_pub_port"], opts["hm_rep_port"], opts["onegate_port"]
 
+    # vm_mad=qemu (tests/kvm): oned's stock "qemu" VM_MAD and IM_MAD (libvirt, TCG, over ssh) stay, beside the
+    # dummy ones; OneGate listens on every address of the test's namespace and oned tells the VMs its
+    # address on their bridge (onegate_addr).
+    qemu = opts.get("vm_mad", "dummy") == "qemu"
+    keep = {"qemu"} if qemu else set()
+    gate_addr = opts.get("onegate_addr", "127.0.0.1")
     path = os.path.join(etc, "oned.conf")
     text = read(path)
-    text = drop_blocks(text, "VM_MAD", {"kvm", "qemu", "lxc", "dummy"})
+    text = drop_blocks(text, "VM_MAD", {"kvm", "qemu", "lxc", "dummy"} - keep)
     grpc = []
     if re.search(r"^GRPC_PORT\s*=", text, re.M):  # 7.4 (built with grpc=no, but keep it off the stock port)
         grpc = [("GRPC_PORT", opts["grpc_port"]), ("GRPC_LISTEN_ADDRESS", '"127.0.0.1"')]
@@ -110,7 +116,7 @@ def configure(directory: str, opts: dict[str, str]) -> None:
         ("MONITORING_INTERVAL_DATASTORE", opts.get("ds_interval", "10")),
         ("DRS_INTERVAL", "-1"),
         ("SCRIPTS_REMOTE_DIR", os.path.join(directory, "var", "tmp", "one")),
-        ("ONEGATE_ENDPOINT", f'"http://127.0.0.1:{gate_port}"'),
+        ("ONEGATE_ENDPOINT", f'"http://{gate_addr}:{gate_port}"'),
         ("SCHED_MAX_WND_TIME", opts.get("sched_wnd_time", "10")),
         ("SCHED_MAX_WND_LENGTH", opts.get("sched_wnd_length", "7")),
         ("SCHED_RETRY_TIME", opts.get("sched_retry_time", "5")),
@@ -131,7 +137,7 @@ def configure(directory: str, opts: dict[str, str]) -> None:
 
     path = os.path.join(etc, "monitord.conf")
     text = read(path)
-    text = drop_blocks(text, "IM_MAD", {"kvm", "qemu", "lxc", "dummy"})
+    text = drop_blocks(text, "IM_MAD", {"kvm", "qemu", "lxc", "dummy"} - keep)
     net = blocks(text, "NETWORK")
     if len(net) != 1:
         die(f"{path}: expected one NETWORK block, found {len(net)}")
@@ -165,11 +171,15 @@ def configure(directory: str, opts: dict[str, str]) -> None:
     text, n1 = re.subn(r"^(\s*):one_xmlrpc:.*$", rf"\g<1>:one_xmlrpc: http://127.0.0.1:{oned_port}/RPC2",
                        text, flags=re.M)
     # 7.0: top-level :host:; 7.4: :server: with :bind: and an indented :port:
-    text, n2 = re.subn(r"^(\s*):(host|bind):.*$", r"\g<1>:\g<2>: 127.0.0.1", text, count=1, flags=re.M)
+    bind = "0.0.0.0" if gate_addr != "127.0.0.1" else "127.0.0.1"  # 0.0.0.0: the test's own namespace only
+    text, n2 = re.subn(r"^(\s*):(host|bind):.*$", rf"\g<1>:\g<2>: {bind}", text, count=1, flags=re.M)
     text, n3 = re.subn(r"^(\s*):port:\s*\d+\s*$", rf"\g<1>:port: {gate_port}", text, count=1, flags=re.M)
     if not (n1 and n2 and n3):
         die(f"{path}: could not set :one_xmlrpc:/:host:/:port: ({n1} {n2} {n3})")
     write(path, text)
+
+    if qemu:
+        kvm_defaults(os.path.join(etc, "vmm_exec", "vmm_exec_kvm.conf"))
 
     path = os.path.join(etc, "onehem-server.conf")
     if os.path.exists(path):
@@ -184,6 +194,19 @@ def configure(directory: str, opts: dict[str, str]) -> None:
                       rf"\g<1>:hook_base_path: '{os.path.join(directory, 'var', 'remotes', 'hooks')}'",
                       text, flags=re.M)
         write(path, text)
+
+
+def kvm_defaults(path: str) -> None:
+    """The KVM driver's defaults for a machine without vhost-net, for the worker image's cloud kernel:
+    no VIRTIO_QUEUES ("vhost-net was requested ... but is unavailable"), and machine type pc (7.4's default
+    q35 puts the context CD on SATA, which a cloud kernel without AHCI never sees)."""
+    text = read(path)
+    text, n1 = re.subn(r"^OS\s*=\s*\[[^\]]*\]", 'OS = [\n    ARCH = "x86_64",\n    MACHINE = "pc"\n]', text,
+                       count=1, flags=re.M)
+    text, n2 = re.subn(r"^NIC\s*=\s*\[[^\]]*\]", 'NIC = [\n    MODEL = "virtio"\n]', text, count=1, flags=re.M)
+    if not (n1 and n2):
+        die(f"{path}: could not set OS and NIC ({n1} {n2})")
+    write(path, text)
 
 
 # ---- dummy probe --------------------------------------------------------------------------------------
