@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from opennebula_sim import states as S
 from opennebula_sim.config import Durations, Faults, SimConfig
 from opennebula_sim.model import History, Host, IpPool, PciSlot, Vm
+from opennebula_sim.requirements import RequirementError, matches
 from opennebula_sim.states import OneError
 from opennebula_sim.templates import Template, merge, parse_template, vectors
 from opennebula_sim.vmbuild import (
@@ -300,19 +301,36 @@ class Cloud:
         failed: dict[tuple[object, ...], str] = {}
         for vm_id in candidates:
             vm = self.vms[vm_id]
-            need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests))
+            wanted = vm.user_template.get("SCHED_REQUIREMENTS") or [""]
+            requirements = wanted[0] if isinstance(wanted[0], str) else ""
+            need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests),
+                    requirements)
             if need not in failed:
+                hosts, problem = self._matching(requirements)
                 shortages: dict[int, str] = {}
-                for host in self.hosts:
+                for host in hosts:
                     slots = host.fit(vm) if host.takes_vms else None
                     if slots is not None:
                         self._deploy(vm, host, slots, now)
                         break
                     shortages[host.id] = host.shortage(vm)
                 else:
-                    failed[need] = sched_text(self.cfg.version, shortages)
+                    failed[need] = problem or sched_text(self.cfg.version, shortages)
             if vm.state == S.PENDING:
                 self._sched_message(vm, self.clock(), failed[need])
+
+    def _matching(self, requirements: str) -> tuple[list[Host], str]:
+        """The hosts SCHED_REQUIREMENTS let the scheduler try, or why none (oned's SchedulerManagerDriver:
+        a host that takes VMs must meet them, else `No host meets SCHED_REQUIREMENTS`)."""
+        if not requirements.strip():
+            return self.hosts, ""
+        try:
+            hosts = [h for h in self.hosts if matches(requirements, h.requirement_view())]
+        except RequirementError as exc:
+            return [], f"Cannot dispatch VM: Error in SCHED_REQUIREMENTS: '{requirements}', error: {exc}"
+        if not any(h.takes_vms for h in hosts) and any(h.takes_vms for h in self.hosts):
+            return [], "Cannot dispatch VM: No host meets SCHED_REQUIREMENTS"
+        return hosts, ""
 
     def _sched_message(self, vm: Vm, now: float, text: str) -> None:
         if not any(h.takes_vms for h in self.hosts):  # every host disabled, offline or in error

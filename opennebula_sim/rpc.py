@@ -6,12 +6,14 @@ import secrets
 import threading
 import xmlrpc.client
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from opennebula_sim import states as S
 from opennebula_sim.actions import quota_message, vm_action, vm_recover
 from opennebula_sim.cloud import ONEADMIN, Cloud, User
 from opennebula_sim.config import TemplateSpec
+from opennebula_sim.hostapi import host_status, host_update, update_text
 from opennebula_sim.model import Vm
 from opennebula_sim.onegate import put_vm
 from opennebula_sim.states import OneError
@@ -74,6 +76,8 @@ class Api:
             "one.template.delete": (self.template_delete, "i", "b"),
             "one.hostpool.info": (self.hostpool_info, "", ""),
             "one.host.info": (self.host_info, "i", "b"),
+            "one.host.update": (partial(host_update, cloud), "is", "i"),
+            "one.host.status": (partial(host_status, cloud), "ii", ""),
             "one.vn.info": (self.vn_info, "i", "b"),
             "one.system.version": (self.system_version, "", ""),
             "one.system.config": (self.system_config, "", ""),
@@ -175,12 +179,7 @@ class Api:
 
     def vm_update(self, user: User, vm_id: int, text: str, update_type: int) -> int:
         """one.vm.update: replace (0) or merge into (1) the VM's USER_TEMPLATE; the VM's id."""
-        if update_type not in (0, 1):
-            raise OneError(S.XML_RPC_API, "Wrong update type")
-        try:
-            tmpl = parse_template(text)
-        except TemplateSyntaxError as exc:
-            raise OneError(S.INTERNAL, f"Cannot update template. {exc}") from None
+        tmpl = update_text(text, update_type)
         with self.cloud.lock:
             vm = self.cloud.vms.get(vm_id)
             if vm is None:

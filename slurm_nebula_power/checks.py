@@ -15,6 +15,7 @@ from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
 from .errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
+from .fleetchecks import check_domains, check_protected
 from .gres import check_gres
 from .hostlists import fold
 from .model import printable
@@ -347,17 +348,18 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         report.problem("scontrol", str(exc), "install Slurm's client commands or set [slurm] scontrol")
     check_ownership(report, config, slurm_user)
     check_transport(report, config)
+    version = slurm_version(config, environ)
     cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:
         check_templates(report, config, cloud, conf)
         check_onegate(report, config, cloud)
         check_template_context(report, config, cloud)
         check_capacity(report, config, cloud)
+        check_domains(report, config, cloud, conf, version)
     if conf is not None:
         check_coverage(report, config, conf)
         check_suspend_exclusions(report, config, conf)
         check_timers(report, config, conf)
-        version = slurm_version(config, environ)
         check_programs(report, conf, version)
         check_prolog(report, config, conf)
         check_configless(report, config, conf)
@@ -366,4 +368,5 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         if slurm_user is not None:
             check_program_access(report, conf, slurm_user)
     check_poweroff(report, config)
+    check_protected(report, config)
     return report

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import pwd
 import stat
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 Owner = tuple[int, int]  # (uid, gid)
@@ -197,3 +200,23 @@ def replace(path: Path, data: bytes, mode: int, owner: Owner | None = None) -> N
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def flocked(lock: Path, wait: float, owner: Owner | None = None) -> Iterator[None]:
+    """Hold an flock on the file `lock` (opened safely, made 0644 for `owner` when missing), waiting at most
+    `wait` seconds for another holder (TimeoutError); the kernel drops it if the process dies."""
+    fd = open_file(lock, os.O_RDONLY | os.O_CREAT, 0o644, owner, exact_mode=True)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{lock} held for more than {wait:g}s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)

@@ -4,7 +4,8 @@ on. No pyone here, as in model.py (whose strict number parser the host pool's fi
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from .model import number
 
@@ -16,6 +17,8 @@ HOST_STATE_NAMES = {0: "INIT", 1: "MONITORING_MONITORED", 2: "MONITORED", 3: "ER
 # The states a host takes new VMs in: oned 7.x's scheduler asks for "state = 2"
 # (src/schedm/SchedulerManagerDriver.cc); 6.x's also took MONITORING_MONITORED (HostPoolXML.h: STATE=1 or 2).
 PLACEABLE_HOST_STATES = (1, 2)
+MOST_ATTRIBUTES = 256  # HOST/TEMPLATE attributes kept per host (a monitored host has a few dozen)
+ATTRIBUTE_LENGTH = 256  # characters kept of one (KVM_CPU_MODELS runs to a few hundred; ours are short)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class Host:
     name: str
     state: int
     devices: tuple[PciDevice, ...] = ()
+    # HOST/TEMPLATE's single-valued attributes: what `onehost update` set (NVLINK_DOMAIN, RACK) and the
+    # monitor's (HYPERVISOR, ...); vectors are left out
+    attributes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def placeable(self) -> bool:
@@ -67,8 +73,22 @@ def hosts_from_xml(text: str) -> list[Host]:
                       vmid=number(pci.findtext("VMID"), -1, "HOST/HOST_SHARE/PCI_DEVICES/PCI/VMID"))
             for pci in host.iterfind("HOST_SHARE/PCI_DEVICES/PCI"))
         hosts.append(Host(id=number(host.findtext("ID"), -1, "HOST/ID"), name=host.findtext("NAME") or "",
-                          state=number(host.findtext("STATE"), 0, "HOST/STATE"), devices=devices))
+                          state=number(host.findtext("STATE"), 0, "HOST/STATE"), devices=devices,
+                          attributes=_attributes(host.find("TEMPLATE"))))
     return hosts
+
+
+def _attributes(template: ET.Element | None) -> dict[str, str]:
+    """HOST/TEMPLATE's single-valued attributes, bounded: oned's answer may carry anything."""
+    if template is None:
+        return {}
+    found: dict[str, str] = {}
+    for item in template:
+        if len(found) >= MOST_ATTRIBUTES:
+            break
+        if len(item) == 0 and item.tag not in found:  # a vector has children: not one value
+            found[item.tag] = (item.text or "").strip()[:ATTRIBUTE_LENGTH]
+    return found
 
 
 def host_gpus(text: str) -> tuple[int, int]:

@@ -34,6 +34,10 @@ def _cut(text: str | None, length: int = FIELD_LENGTH) -> str | None:
 # Failure reasons -> a small, bounded set of categories (metric label values, usage summaries).
 # The reasons are the texts resume, suspend and reconcile give Slurm; first match wins.
 REASON_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("protected after", "protected"),  # protected mode: boot failures in a row (it quotes the last one)
+    ("hypervisor process was killed", "host_failure"),  # reconcile: VM UNKNOWN or POWEROFF under a node
+    ("drained for maintenance", "host_maintenance"),  # reconcile: its VM's host DISABLED or OFFLINE
+    ("back in service", "host_maintenance"),  # reconcile: that drain is over
     ("no host with a free gpu", "no_capacity"),  # before 0.x: any SCHED_MESSAGE past boot_timeout
     ("no host can take the vm", "no_capacity"),  # oned cannot place it, the resource unnamed (7.0)
     ("gpu shortage", "no_capacity"),  # the cooldown after one

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import __version__
 from .config import Config, NodeSet
+from .domains import Topology, topology
 from .errors import CloudError, TransientCloudError, first_line
 from .hostlists import fold
 from .model import Pci
@@ -196,4 +197,34 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
         partitions.setdefault(partition_of(nodeset, shape), []).extend(nodeset.nodes)
     for name, nodes in partitions.items():
         lines.append(f"PartitionName={name} Nodes={fold(nodes)} MaxTime=INFINITE State=UP")
+    domains = config_topology(config, version)
+    if domains is not None:
+        where = config.slurm.slurm_conf.parent / "topology.conf" if config.slurm.slurm_conf else "topology.conf"
+        lines += [f"# the node sets' domains as Slurm {domains.plugin.split('/')[1]}s: a job Slurm keeps in one runs "
+                  f"in one domain; write topology.conf with: slurm-nebula-power slurm-conf --topology > {where}",
+                  *([f"# {domains.note}"] if domains.note else []), f"TopologyPlugin={domains.plugin}"]
     return lines
+
+
+def config_topology(config: Config, version: tuple[int, int] | None) -> Topology | None:
+    """The topology of the configured node sets' domains (domains.topology), or None when no node set has one."""
+    if not any(ns.domain for ns in config.nodesets):
+        return None
+    domains: dict[str, list[str]] = {}
+    for nodeset in config.nodesets:
+        if nodeset.domain is not None:
+            domains.setdefault(nodeset.domain, []).extend(nodeset.nodes)
+    return topology(domains, [node for ns in config.nodesets if ns.domain is None for node in ns.nodes], version)
+
+
+def topology_conf(config: Config, version: tuple[int, int] | None) -> list[str]:
+    """topology.conf for the node sets' domains (`slurm-conf --topology`); [] when no node set has one."""
+    found = config_topology(config, version)
+    if found is None:
+        return []
+    release = "an unknown Slurm (tree: every release takes it)" if version is None else \
+        f"Slurm {version[0]}.{version[1]:02d}"
+    return [f"# topology.conf from slurm-nebula-power {__version__} for {config.path}, {release}",
+            f"# one {'block' if found.plugin.endswith('block') else 'switch'} per domain ([opennebula] "
+            f"domain_attribute {config.opennebula.domain_attribute}), one for the nodes without a domain",
+            *([f"# {found.note}"] if found.note else []), *found.lines]

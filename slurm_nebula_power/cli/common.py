@@ -9,6 +9,7 @@ import os
 import pwd
 import sys
 import syslog
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ..files import UnsafeFile, make_directory, open_file
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
 from ..operation import Cloud, Context, Outcome
+from ..protectlog import ProtectLog
 from ..records import reason_category
 from ..slurm import SlurmControl, scontrol_for
 from ..slurmconf import read_slurm_conf
@@ -204,6 +206,12 @@ def run_figures(config: Config, program: str, outcome: Outcome | None, recorder:
         ours = [vm for vm in vms if vm.state != DONE and vm.is_ours(config.slurm.cluster, vm.name)]
         figures.gauges["vms"] = len(ours)
         figures.gauges["gpus_held"] = sum(1 for vm in ours for gpu in vm.gpus if gpu.assigned)
+    if program in ("resume", "reconcile"):  # reconcile's timer keeps it fresh, resume as it changes
+        store, now = ProtectLog(config.power.lock_dir), time.time()
+        for each in config.nodesets:
+            state = store.read(each.nodes_expr) if store.path(each.nodes_expr).exists() else None
+            protected = state is not None and state.active(now, config.power.protect_for)
+            figures.labelled[("nodeset_protected", each.nodes_expr)] = float(protected)
     return figures
 
 

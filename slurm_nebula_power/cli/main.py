@@ -67,6 +67,18 @@ def _examples(argv: list[str]) -> int:
     return examples.main(argv)
 
 
+def _unprotect(argv: list[str]) -> int:
+    from . import unprotect
+
+    return unprotect.main(argv)
+
+
+def _image(argv: list[str]) -> int:
+    from . import image
+
+    return image.main(argv)
+
+
 def _prolog(argv: list[str]) -> int:
     return prolog_main(argv)
 
@@ -76,11 +88,13 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "demo": (_demo, "resume and suspend gpu[01-04] on the embedded simulator, no Slurm"),
     "status": (_status, "per node: Slurm state, VM, IP, host, age and what is wrong"),
     "check": (_check, "find configuration, credential, template and slurm.conf problems"),
-    "reconcile": (_reconcile, "repair drift: orphan VMs, vanished VMs, stuck boots"),
+    "reconcile": (_reconcile, "repair drift: orphan VMs, vanished VMs, stuck boots, hosts in maintenance"),
+    "unprotect": (_unprotect, "take node sets out of protected mode (after boot failures in a row)"),
     "slurm-conf": (_slurm_conf, "print slurm.conf lines derived from the templates"),
     "template": (_template, "print a node set's VM template for onetemplate create"),
     "usage": (_usage, "GPU-hours and VM-hours by job, node set, host or day, from the usage records"),
     "example-config": (_examples, "print (or --out DIR: write) the example configuration, units and dashboards"),
+    "image": (_image, "image build: a worker image (qcow2) from Debian packages, and its oneimage command"),
     "prolog-wait": (_prolog, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
 }
 
