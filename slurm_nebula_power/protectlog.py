@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cooldown import NodeSetFiles
-from .files import flocked, replace
+from .files import flocked, make_directory, replace
 
 log = logging.getLogger(__name__)
 
@@ -114,5 +114,5 @@ class ProtectLog(NodeSetFiles[Protection]):
         return old
 
     def _locked(self, nodes: str) -> contextlib.AbstractContextManager[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directory(self.directory, self.owner)  # a root run makes it for SlurmUser, on a descriptor
         return flocked(self.path(nodes).with_suffix(".lock"), LOCK_WAIT, self.owner)
