@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from opennebula_sim import states as S
 from opennebula_sim.config import Durations, Faults, SimConfig
+from opennebula_sim.messages import NO_HOSTS_TEXT, STUCK_TEXT, ctime, sched_text, version_at_least
 from opennebula_sim.model import History, Host, IpPool, PciSlot, Vm
+from opennebula_sim.requirements import RequirementError, matches
 from opennebula_sim.states import OneError
 from opennebula_sim.templates import Template, merge, parse_template, vectors
 from opennebula_sim.vmbuild import (
@@ -27,14 +29,6 @@ from opennebula_sim.vmbuild import (
     strip_pci_assignment,
 )
 
-# 7.x when no host takes VMs at all (SchedulerManager: no host in a state to run VMs).
-NO_HOSTS_TEXT = "Cannot dispatch VM: No hosts enabled to run VMs"
-# What a stuck VM (fault) is told: the text real oned left on VMs its scheduler stalled on.
-STUCK_TEXT = ("Cannot dispatch VM to any Host. Possible reasons: Not enough capacity in Host or System DS, "
-              "dispatch limit reached, or limit of free leases reached.")
-# 7.4's rank scheduler names each shortage and the hosts that had it (SchedulerFailure::log_failures).
-_SHORTAGE_7_4 = {"CPU": "[HOST] Not enough CPU on hosts: ", "MEMORY": "[HOST] Not enough MEMORY on hosts: ",
-                 "PCI": "[HOST] Unavailable PCI devices on hosts: "}
 _BOOT_FAILS_TO = {
     S.BOOT: (S.ACTIVE, S.BOOT_FAILURE), S.BOOT_STOPPED: (S.ACTIVE, S.BOOT_STOPPED_FAILURE),
     S.BOOT_UNDEPLOY: (S.ACTIVE, S.BOOT_UNDEPLOY_FAILURE), S.BOOT_POWEROFF: (S.POWEROFF, S.LCM_INIT),
@@ -69,28 +63,6 @@ class User:
 
 
 ONEADMIN = User(0, 0, "oneadmin", "oneadmin")
-
-
-def ctime(now: float) -> str:
-    """oned's timestamp for ERROR and SCHED_MESSAGE (one_util::log_time, ctime's form): `Tue Dec  1 08:36:52 2026`."""
-    return time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(now))
-
-
-def version_at_least(version: str, major: int, minor: int) -> bool:
-    """Whether the configured oned version (`7.4.0`) is at least major.minor."""
-    parts = tuple(int(p) if p.isdigit() else 0 for p in [*version.split("."), "0", "0"][:2])
-    return parts >= (major, minor)
-
-
-def sched_text(version: str, shortages: dict[int, str]) -> str:
-    """SCHED_MESSAGE's text (after the time) for a VM no host could take: host id -> CPU, MEMORY or PCI.
-
-    7.0 (Scheduler.cc) names every host tried, whatever was short; 7.4 names each shortage with its hosts.
-    """
-    if version_at_least(version, 7, 4):
-        return "".join(prefix + ",".join(str(h) for h, kind in sorted(shortages.items()) if kind == short)
-                       for short, prefix in _SHORTAGE_7_4.items() if short in shortages.values())
-    return "Cannot allocate VM. Not enough capacity in hosts " + ",".join(str(h) for h in sorted(shortages))
 
 
 class Cloud:
@@ -302,19 +274,36 @@ class Cloud:
         failed: dict[tuple[object, ...], str] = {}
         for vm_id in candidates:
             vm = self.vms[vm_id]
-            need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests))
+            wanted = vm.user_template.get("SCHED_REQUIREMENTS") or [""]
+            requirements = wanted[0] if isinstance(wanted[0], str) else ""
+            need = (vm.cpu_units, vm.memory_kb, tuple(tuple(sorted(r.items())) for r in vm.pci_requests),
+                    requirements)
             if need not in failed:
+                hosts, problem = self._matching(requirements)
                 shortages: dict[int, str] = {}
-                for host in self.hosts:
+                for host in hosts:
                     slots = host.fit(vm) if host.takes_vms else None
                     if slots is not None:
                         self._deploy(vm, host, slots, now)
                         break
                     shortages[host.id] = host.shortage(vm)
                 else:
-                    failed[need] = sched_text(self.cfg.version, shortages)
+                    failed[need] = problem or sched_text(self.cfg.version, shortages)
             if vm.state == S.PENDING:
                 self._sched_message(vm, self.clock(), failed[need])
+
+    def _matching(self, requirements: str) -> tuple[list[Host], str]:
+        """The hosts SCHED_REQUIREMENTS let the scheduler try, or why none (oned's SchedulerManagerDriver:
+        a host that takes VMs must meet them, else `No host meets SCHED_REQUIREMENTS`)."""
+        if not requirements.strip():
+            return self.hosts, ""
+        try:
+            hosts = [h for h in self.hosts if matches(requirements, h.requirement_view())]
+        except RequirementError as exc:
+            return [], f"Cannot dispatch VM: Error in SCHED_REQUIREMENTS: '{requirements}', error: {exc}"
+        if not any(h.takes_vms for h in hosts) and any(h.takes_vms for h in self.hosts):
+            return [], "Cannot dispatch VM: No host meets SCHED_REQUIREMENTS"
+        return hosts, ""
 
     def _sched_message(self, vm: Vm, now: float, text: str) -> None:
         if not any(h.takes_vms for h in self.hosts):  # every host disabled, offline or in error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class HostSpec:
     memory_kb: int = 512 * 1024 * 1024
     pci: tuple[PciDevice, ...] = ()
     state: str = "MONITORED"  # a HOST_STATES name: only MONITORED hosts take new VMs, as in oned 7.x
+    attributes: tuple[tuple[str, str], ...] = ()  # HOST/TEMPLATE attributes, as `onehost update` sets them
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,7 @@ def _validate(cfg: SimConfig, where: str) -> None:
 _TOP_KEYS = {"seed", "version", "tick_seconds", "action_timeout", "onegate", "on_running", "on_stopped", "durations",
              "faults", "network", "hosts", "host", "template"}
 _HOSTS_KEYS = {"count", "gpus_per_host", "nics_per_host", "cpu", "memory_mb"}
-_HOST_KEYS = {"name", "cpu", "memory_mb", "gpus", "nics", "pci", "state"}
+_HOST_KEYS = {"name", "cpu", "memory_mb", "gpus", "nics", "pci", "state", "attributes"}
 _PCI_KEYS = {"short_address", "vendor", "device", "class", "vendor_name", "device_name", "class_name",
              "numa_node", "profiles"}
 _TEMPLATE_KEYS = {"id", "name", "body"}
@@ -272,9 +274,13 @@ def _host(entry: Any, where: str, index: int) -> HostSpec:
         pci = tuple(_pci(p, where, f"host[{index}].pci[{j}]") for j, p in enumerate(table["pci"]))
     else:
         pci = default_pci(int(table.get("gpus", 4)), int(table.get("nics", 1)))
+    attributes = _table(table.get("attributes", {}), where, f"host[{index}].attributes")
+    for key, value in attributes.items():
+        if not re.fullmatch(r"[A-Za-z][0-9A-Za-z_]*", key) or not isinstance(value, str):
+            raise ConfigError(f"{where}: host[{index}].attributes.{key}: a name such as NVLINK_DOMAIN, and a string")
     return HostSpec(name=str(table["name"]), cpu=int(table.get("cpu", 6400)),
                     memory_kb=int(table.get("memory_mb", 512 * 1024)) * 1024, pci=pci,
-                    state=str(table.get("state", "MONITORED")))
+                    state=str(table.get("state", "MONITORED")), attributes=tuple(sorted(attributes.items())))
 
 
 def _pci(entry: Any, where: str, label: str) -> PciDevice:

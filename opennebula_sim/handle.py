@@ -14,6 +14,7 @@ from opennebula_sim import states as S
 from opennebula_sim.cloud import Cloud
 from opennebula_sim.config import HOST_STATES, SimConfig
 from opennebula_sim.hooks import HookRunner
+from opennebula_sim.hostapi import host_update
 from opennebula_sim.model import Lock, Vm
 from opennebula_sim.rpc import Api
 from opennebula_sim.server import RpcServer
@@ -195,6 +196,14 @@ class Simulator:
             host.prev_state, host.state = host.state, HOST_STATES[state]
             host.version += 1
             self.cloud.locked_capacity_changed()
+
+    def set_host_attributes(self, name: str, **attributes: str) -> None:
+        """`onehost update NAME` merging these attributes into HOST/TEMPLATE (NVLINK_DOMAIN="a", ...)."""
+        host = next((h for h in self.cloud.hosts if h.name == name), None)
+        if host is None:
+            raise ValueError(f"no host named {name!r}")
+        text = "\n".join(f'{key} = "{value}"' for key, value in attributes.items())
+        host_update(self.cloud, self.api.user, host.id, text, 1)
 
     def after_call(self, method: str, action: Callable[[], None]) -> None:
         """Run `action` once right after the next successful call of `method` (e.g. "one.hostpool.info"):

@@ -116,13 +116,24 @@ class Host:
     version: int = 0
     state: int = HOST_STATES["MONITORED"]
     prev_state: int = HOST_STATES["MONITORED"]
+    attributes: dict[str, str] = field(default_factory=dict)  # HOST/TEMPLATE beyond the monitor's
 
     @classmethod
     def from_spec(cls, host_id: int, spec: HostSpec) -> Host:
         """A host with all its devices free."""
         state = HOST_STATES[spec.state]
         return cls(host_id, spec.name, spec.cpu, spec.memory_kb, [PciSlot(p) for p in spec.pci], state=state,
-                   prev_state=state)
+                   prev_state=state, attributes=dict(spec.attributes))
+
+    def template(self) -> dict[str, str]:
+        """HOST/TEMPLATE: what the monitor reports, and the attributes `onehost update` set."""
+        return {"ARCH": "x86_64", "HOSTNAME": self.name, "HYPERVISOR": "kvm", "IM_MAD": "kvm", "VM_MAD": "kvm",
+                **self.attributes}
+
+    def requirement_view(self) -> dict[str, str]:
+        """What SCHED_REQUIREMENTS see of this host: its top-level elements and its TEMPLATE."""
+        return {**self.template(), "ID": str(self.id), "NAME": self.name, "STATE": str(self.state),
+                "CLUSTER_ID": "0", "CLUSTER": "default"}
 
     @property
     def takes_vms(self) -> bool:

@@ -6,14 +6,16 @@ import secrets
 import threading
 import xmlrpc.client
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from opennebula_sim import states as S
 from opennebula_sim.actions import quota_message, vm_action, vm_recover
 from opennebula_sim.cloud import ONEADMIN, Cloud, User
-from opennebula_sim.config import HOST_STATES, TemplateSpec
+from opennebula_sim.config import TemplateSpec
 from opennebula_sim.deploy import OPERATIONS, group_xml, user_xml, vm_deploy
 from opennebula_sim.filters import owner_matches, term_matches
+from opennebula_sim.hostapi import host_status, host_update, update_text
 from opennebula_sim.model import Vm
 from opennebula_sim.onegate import put_vm
 from opennebula_sim.states import OneError
@@ -77,7 +79,8 @@ class Api:
             "one.template.delete": (self.template_delete, "i", "b"),
             "one.hostpool.info": (self.hostpool_info, "", ""),
             "one.host.info": (self.host_info, "i", "b"),
-            "one.host.status": (self.host_status, "ii", ""),
+            "one.host.update": (partial(host_update, cloud), "is", "i"),
+            "one.host.status": (partial(host_status, cloud), "ii", ""),
             "one.vn.info": (self.vn_info, "i", "b"),
             "one.system.version": (self.system_version, "", ""),
             "one.system.config": (self.system_config, "", ""),
@@ -187,12 +190,7 @@ class Api:
 
     def vm_update(self, user: User, vm_id: int, text: str, update_type: int) -> int:
         """one.vm.update: replace (0) or merge into (1) the VM's USER_TEMPLATE; the VM's id."""
-        if update_type not in (0, 1):
-            raise OneError(S.XML_RPC_API, "Wrong update type")
-        try:
-            tmpl = parse_template(text)
-        except TemplateSyntaxError as exc:
-            raise OneError(S.INTERNAL, f"Cannot update template. {exc}") from None
+        tmpl = update_text(text, update_type)
         with self.cloud.lock:
             vm = self.cloud.vms.get(vm_id)
             if vm is None:
@@ -310,20 +308,6 @@ class Api:
             if not 0 <= host_id < len(self.cloud.hosts):
                 raise OneError(S.NO_EXISTS, "", host_id, obj="host")
             return host_xml(self.cloud.hosts[host_id], int(self.cloud.clock()))
-
-    def host_status(self, user: User, host_id: int, status: int) -> int:
-        """one.host.status: 0 enable (a DISABLED or OFFLINE host is MONITORED again), 1 disable, 2 offline."""
-        with self.cloud.lock:
-            if not 0 <= host_id < len(self.cloud.hosts):
-                raise OneError(S.NO_EXISTS, "", host_id, obj="host")
-            if status not in (0, 1, 2):
-                raise OneError(S.INTERNAL, "Wrong status code")
-            host = self.cloud.hosts[host_id]
-            host.prev_state, host.state = host.state, (HOST_STATES["MONITORED"], HOST_STATES["DISABLED"],
-                                                       HOST_STATES["OFFLINE"])[status]
-            host.version += 1
-            self.cloud.locked_capacity_changed()
-            return host_id
 
     def vn_info(self, user: User, vn_id: int, decrypt: bool = False) -> str:
         """one.vn.info: the one network, with its leases."""

@@ -172,6 +172,8 @@ def host_xml(host: Host, now: int) -> str:
     """One <HOST> as one.hostpool.info and one.host.info send it."""
     vms = "".join(f"<ID>{i}</ID>" for i in sorted(host.vms))
     free_cpu, free_mem = host.max_cpu - host.used_cpu, host.max_mem - host.used_mem
+    # oned keeps a template's attributes in name order
+    template = "".join(f"<{k}>{cdata(v)}</{k}>" for k, v in sorted(host.template().items()))
     return (
         f"<HOST><ID>{host.id}</ID><NAME>{text(host.name)}</NAME><STATE>{host.state}</STATE>"
         f"<PREV_STATE>{host.prev_state}</PREV_STATE>"
@@ -182,9 +184,7 @@ def host_xml(host: Host, now: int) -> str:
         f"<RUNNING_VMS>{len(host.vms)}</RUNNING_VMS><VMS_THREAD>1</VMS_THREAD><DATASTORES><DISK_USAGE>0"
         "</DISK_USAGE><FREE_DISK>0</FREE_DISK><MAX_DISK>0</MAX_DISK><USED_DISK>0</USED_DISK></DATASTORES>"
         f"<PCI_DEVICES>{_pci_xml(host)}</PCI_DEVICES><NUMA_NODES></NUMA_NODES></HOST_SHARE>"
-        f"<VMS>{vms}</VMS><TEMPLATE><ARCH>{cdata('x86_64')}</ARCH><HOSTNAME>{cdata(host.name)}</HOSTNAME>"
-        f"<HYPERVISOR>{cdata('kvm')}</HYPERVISOR><IM_MAD>{cdata('kvm')}</IM_MAD>"
-        f"<VM_MAD>{cdata('kvm')}</VM_MAD></TEMPLATE><MONITORING><TIMESTAMP>{now}</TIMESTAMP>"
+        f"<VMS>{vms}</VMS><TEMPLATE>{template}</TEMPLATE><MONITORING><TIMESTAMP>{now}</TIMESTAMP>"
         f"<ID>{host.id}</ID><CAPACITY><FREE_CPU>{free_cpu}</FREE_CPU><FREE_MEMORY>{free_mem}</FREE_MEMORY>"
         f"<USED_CPU>{host.used_cpu}</USED_CPU><USED_MEMORY>{host.used_mem}</USED_MEMORY></CAPACITY>"
         "</MONITORING></HOST>"

@@ -21,6 +21,7 @@ class Need:
     nodeset: str  # the node set's nodes expression
     requests: Requests = ()  # the GPUs its VM needs anew; () when it needs none (or already holds them)
     queued: bool = False  # its VM is already PENDING: oned places it before anything we create now
+    hosts: frozenset[int] | None = None  # the ids of the hosts its VM may run on (its domain's); None: any
 
 
 def admit(needs: Sequence[Need], jobs: Mapping[str, Sequence[int]], all_or_nothing: Callable[[str], bool],
@@ -38,10 +39,10 @@ def admit(needs: Sequence[Need], jobs: Mapping[str, Sequence[int]], all_or_nothi
     for need in wanting.values():
         per_set[need.nodeset] = per_set.get(need.nodeset, 0) + len(need.requests)
         if need.nodeset not in free:  # once a node set: setdefault would count the pool for every node
-            free[need.nodeset] = pool.free(need.requests)
+            free[need.nodeset] = pool.free(need.requests, need.hosts)
     for need in needs:
         if need.requests and need.queued:
-            pool.take(need.requests)
+            pool.take(need.requests, need.hosts)
     groups: list[tuple[int | None, list[str]]] = [
         (job, [n for n in nodes if n in wanting]) for job, nodes in nodes_by_job(jobs).items()]
     groups += [(None, [node]) for node in wanting if not jobs.get(node)]
@@ -50,12 +51,12 @@ def admit(needs: Sequence[Need], jobs: Mapping[str, Sequence[int]], all_or_nothi
     for job, nodes in groups:
         todo = [n for n in nodes if n not in admitted]
         whole = [n for n in todo if all_or_nothing(n)]
-        if whole and pool.take_all([wanting[n].requests for n in whole]):
+        if whole and pool.take_all([wanting[n].requests for n in whole], [wanting[n].hosts for n in whole]):
             admitted.update(whole)
         for node in todo:
             if node in admitted:
                 continue
-            if node not in whole and pool.take(wanting[node].requests):
+            if node not in whole and pool.take(wanting[node].requests, wanting[node].hosts):
                 admitted.add(node)
                 continue
             need = by_node[node]

@@ -7,14 +7,14 @@ from __future__ import annotations
 import enum
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .config import NodeSet
 from .errors import CloudError, QuotaExceeded, SlurmError, SlurmUnreachable
 from .gate import Gate
-from .model import Vm, printable, valid_ip
+from .model import ACTIVE, Vm, printable, valid_ip
 from .operation import REASON_LENGTH, Context, Outcome, cloud_reason
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class Verdict:
 
     step: Step
     reason: str = ""  # a FAIL's: the node's Reason
+    boot_failure: bool = False  # the VM failed, or was never RUNNING once placed: protected mode counts it
 
 
 WAIT, DONE, RECREATE, MOVE = Verdict(Step.WAIT), Verdict(Step.DONE), Verdict(Step.RECREATE), Verdict(Step.MOVE)
@@ -79,8 +80,8 @@ def judge(ctx: Context, jobs: Mapping[str, Sequence[int]], boot: Boot, vm: Vm | 
         boot.running = vm.id
         ctx.recorder.record("running", boot.node, vm, jobs=jobs.get(boot.node, ()))
     if vm.failed:
-        return _retry_or(ctx, boot, now, f"VM failed to boot ({vm.state_name})")
-    if vm.without_devices:
+        return _retry_or(ctx, boot, now, f"VM failed to boot ({vm.state_name})", boot_failure=True)
+    if vm.without_devices:  # oned's race, not the node set's fault: not a boot failure for protected mode
         log.warning("node=%s vm=%d is %s without a host device for its PCI entries", boot.node, vm.id,
                     vm.state_name)
         return _retry_or(ctx, boot, now, "VM got no PCI device from oned (another VM was given it)")
@@ -102,13 +103,15 @@ def judge(ctx: Context, jobs: Mapping[str, Sequence[int]], boot: Boot, vm: Vm | 
         return Verdict(Step.FAIL, f"{what} (PENDING past boot_timeout; oned: {vm.oned_message})")
     if vm.running and vm.ip and boot.nodeset.wait_for == "ready":
         return NOT_READY
-    return Verdict(Step.FAIL, f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})")
+    # Placed but never RUNNING (stuck in PROLOG or BOOT) is the image's or the host's doing, PENDING is not.
+    return Verdict(Step.FAIL, f"not up after boot_timeout {boot.nodeset.boot_timeout:g}s ({vm.state_name})",
+                   boot_failure=vm.state == ACTIVE)
 
 
-def _retry_or(ctx: Context, boot: Boot, now: float, reason: str) -> Verdict:
+def _retry_or(ctx: Context, boot: Boot, now: float, reason: str, boot_failure: bool = False) -> Verdict:
     if boot.attempts < ctx.config.power.recreate_attempts and now < boot.deadline:
-        return RECREATE
-    return Verdict(Step.FAIL, reason)
+        return Verdict(Step.RECREATE, reason, boot_failure)
+    return Verdict(Step.FAIL, reason, boot_failure)
 
 
 def collect_calls(ctx: Context, gate: Gate, active: Sequence[Boot], now: float) -> dict[str, list[Boot]]:
@@ -169,10 +172,20 @@ def set_addresses(ctx: Context, known: list[Boot], snapshot: Mapping[int, Vm],
     return [b for b in keep if b.node not in addresses]
 
 
-def not_ready_up(ctx: Context, outcome: Outcome, late: Sequence[Boot], failures: dict[str, list[Boot]]) -> None:
+Note = Callable[[NodeSet, int, Sequence[str]], None]  # protect.Guard.note: good boots, boot failures' reasons
+
+
+def not_ready_up(ctx: Context, outcome: Outcome, late: Sequence[Boot], failures: dict[str, list[Boot]],
+                 note: Note | None = None) -> None:
     """RUNNING VMs whose guests reported no READY by boot_timeout: a node whose slurmd registered anyway
-    serves jobs (OneGate was slow or unreachable), so it is up; the others fail (one scontrol call)."""
+    serves jobs (OneGate was slow or unreachable), so it is up; the others fail (one scontrol call), each a
+    boot failure for protected mode (`note`)."""
     up = ctx.slurm.registered([b.node for b in late])
+    for nodeset in {id(b.nodeset): b.nodeset for b in late}.values():
+        mine = [b for b in late if b.nodeset is nodeset]
+        if note is not None:
+                note(nodeset, sum(b.node in up for b in mine), ["guest did not report READY=YES"] * sum(
+                b.node not in up for b in mine))
     for boot in late:
         if boot.node in up:
             log.warning("node=%s vm=%s: slurmd registered but the guest reported no READY=YES within "

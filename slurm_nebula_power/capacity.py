@@ -10,7 +10,7 @@ device lists it among its PROFILES, or lists none (the monitor may not report th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,21 +95,25 @@ def held_by(hosts: Iterable[Host], vm_id: int) -> int:
 class Pool:
     """The free devices of the placeable hosts, taken VM by VM as oned's scheduler would (first fit).
 
-    Devices held by VMs in `released` (ours, about to be terminated) count as free.
+    Devices held by VMs in `released` (ours, about to be terminated) count as free. `where` (host ids): only
+    those hosts, as a VM restricted to a domain's hosts sees the pool; None: every host.
     """
 
     def __init__(self, hosts: Sequence[Host], released: Iterable[int] = ()) -> None:
         gone = set(released)
-        self._free: list[list[PciDevice]] = [
-            [d for d in host.devices if d.free or d.vmid in gone] for host in hosts if host.placeable]
+        self._free: list[tuple[int, list[PciDevice]]] = [
+            (host.id, [d for d in host.devices if d.free or d.vmid in gone]) for host in hosts if host.placeable]
 
-    def free(self, requests: Requests) -> int:
+    def _hosts(self, where: Container[int] | None) -> list[list[PciDevice]]:
+        return [devices for host, devices in self._free if where is None or host in where]
+
+    def free(self, requests: Requests, where: Container[int] | None = None) -> int:
         """Free devices that could serve any of these requests."""
-        return sum(1 for devices in self._free for d in devices if any(r.matches(d) for r in requests))
+        return sum(1 for devices in self._hosts(where) for d in devices if any(r.matches(d) for r in requests))
 
-    def take(self, requests: Requests) -> bool:
+    def take(self, requests: Requests, where: Container[int] | None = None) -> bool:
         """Reserve the devices of one VM on the first host that has them all; False when none has."""
-        for devices in self._free:
+        for devices in self._hosts(where):
             chosen = fit(devices, requests)
             if chosen is not None:
                 for dev in chosen:
@@ -117,10 +121,10 @@ class Pool:
                 return True
         return False
 
-    def take_all(self, needs: Sequence[Requests]) -> bool:
-        """Reserve several VMs' devices, all or none."""
-        saved = [list(devices) for devices in self._free]
-        if all(self.take(requests) for requests in needs):
+    def take_all(self, needs: Sequence[Requests], wheres: Sequence[Container[int] | None] = ()) -> bool:
+        """Reserve several VMs' devices, all or none (each on the hosts of its `wheres` entry, if given)."""
+        saved = [(host, list(devices)) for host, devices in self._free]
+        if all(self.take(requests, wheres[i] if i < len(wheres) else None) for i, requests in enumerate(needs)):
             return True
         self._free = saved
         return False

@@ -13,9 +13,12 @@ from typing import Any
 
 from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
-from .errors import CloudAuthError, CloudError, ConfigError, PowerError, first_line
+from .errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
+from .fleetchecks import check_domains, check_protected
+from .gres import check_gres
 from .hostlists import fold
+from .model import printable
 from .operation import Cloud
 from .placecheck import check_placement
 from .shapes import (
@@ -36,7 +39,7 @@ from .slurmchecks import (
     check_suspend_exclusions,
     check_timers,
 )
-from .slurmconf import SlurmConf, gres_gpus, node_cpus, read_slurm_conf
+from .slurmconf import SlurmConf, count, gres_gpus, node_cpus, read_slurm_conf
 from .template import worker_script
 
 STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
@@ -76,7 +79,13 @@ def check_cloud(report: Report, config: Config, cloud: Cloud) -> Cloud | None:
 
 def check_templates(report: Report, config: Config, cloud: Cloud, conf: SlurmConf | None) -> None:
     """Each node set's template exists, has its GPUs, and matches slurm.conf's CPUs, memory and Gres."""
-    for nodeset, shape, error in read_shapes(config, cloud):
+    try:
+        shapes = read_shapes(config, cloud, unreachable_raises=True)
+    except TransientCloudError as exc:  # no template's fault: "create the template" would mislead
+        report.problem("OpenNebula templates", f"not read: {first_line(exc, 200)}",
+                       "check [opennebula] endpoint and that oned answers, then run check again")
+        return
+    for nodeset, shape, error in shapes:
         subject = f"node set {nodeset.nodes_expr} template {nodeset.template!r}"
         if shape is None:
             report.problem(subject, error, "create the template in OpenNebula or fix the node set's template "
@@ -270,11 +279,18 @@ def check_burst_time(report: Report, config: Config, per_plan: int) -> None:
 
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:
     groups: dict[tuple[int, int, int], list[str]] = defaultdict(list)
+    unreadable: dict[str, list[str]] = defaultdict(list)
     for node in nodeset.nodes:
         keys = conf.nodes.get(node)
         if keys is not None:
-            memory = int(keys["realmemory"]) if keys.get("realmemory", "").isdigit() else 1
+            memory = count(keys.get("realmemory")) or 1
             groups[(node_cpus(keys), memory, gres_gpus(keys.get("gres", "")))].append(node)
+            for key in ("CPUs", "RealMemory"):
+                if key.lower() in keys and count(keys[key.lower()]) is None:
+                    unreadable[f"{key}={printable(keys[key.lower()])[:40]}"].append(node)
+    for said, nodes in unreadable.items():
+        report.problem(f"slurm.conf NodeName={fold(nodes)}", f"{said} is not a number",
+                       f"give {said.split('=')[0]} in ASCII digits")
     for (cpus, memory, gpus), nodes in groups.items():
         subject, fitting = f"slurm.conf NodeName={fold(nodes)}", real_memory(shape.memory_mb)
         if cpus > shape.vcpus:
@@ -319,6 +335,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         conf = read_slurm_conf(config.slurm.slurm_conf)
     except ConfigError as exc:
         report.problem("slurm.conf", str(exc), "run check on the slurmctld host")
+    slurm_user = None
     if conf is not None:
         name = conf.get("SlurmUser")
         try:
@@ -331,8 +348,9 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         report.ok("scontrol", str(find_scontrol(config, environ)))
     except PowerError as exc:
         report.problem("scontrol", str(exc), "install Slurm's client commands or set [slurm] scontrol")
-    check_ownership(report, config)
+    check_ownership(report, config, slurm_user)
     check_transport(report, config)
+    version = slurm_version(config, environ)
     cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:
         check_templates(report, config, cloud, conf)
@@ -340,15 +358,18 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
         check_template_context(report, config, cloud)
         check_capacity(report, config, cloud)
         check_placement(report, config, cloud)
+        check_domains(report, config, cloud, conf, version)
     if conf is not None:
         check_coverage(report, config, conf)
         check_suspend_exclusions(report, config, conf)
         check_timers(report, config, conf)
-        check_programs(report, conf, slurm_version(config, environ))
+        check_programs(report, conf, version)
         check_prolog(report, config, conf)
         check_configless(report, config, conf)
+        check_gres(report, config, conf, version)
         check_cluster_name(report, config, conf)
         if slurm_user is not None:
             check_program_access(report, conf, slurm_user)
     check_poweroff(report, config)
+    check_protected(report, config)
     return report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tomllib
 from collections.abc import Mapping
@@ -36,6 +37,13 @@ MAX_PENDING = 30
 # alive: with more threads than that, calls waited for a kept-alive connection to idle out and timed out
 # (oned 7.0.2, bench/README.md "Real oned").  12 leaves room for the poll and other clients.
 MAX_PARALLEL = 12
+# Boot failures in a row (VMs that failed, were never RUNNING or never READY) after which a node set is
+# protected: resume creates none of its VMs and hands its nodes back at once.  3: with the default
+# recreate_attempts (1) one node's resume fails 2 VMs, so a template that boots nothing costs 3 VMs (one
+# and a half resumes) where a flaky boot (a VM in ten) almost never gets there (docs/behaviour.md).
+PROTECT_AFTER = 3
+# Seconds protected mode lasts without an operator; then one more failure protects the node set again.
+PROTECT_FOR = 1800
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class OneConfig:
     retry_backoff: float = 0.2
     https_verify: bool = True
     max_answer_mb: float = 128.0
+    domain_attribute: str | None = None  # the host TEMPLATE attribute naming a host's domain (NVLINK_DOMAIN)
 
     @property
     def user(self) -> str:
@@ -90,6 +99,8 @@ class PowerConfig:
     poll_max: float = 2.0
     reconcile_grace: float = 300.0
     shortage_cooldown: int = SHORTAGE_COOLDOWN
+    protect_after: int = PROTECT_AFTER  # 0: never protected
+    protect_for: float = float(PROTECT_FOR)
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ class NodeSet:
     pending_timeout: float = 60.0  # a VM PENDING with a SCHED_MESSAGE this long cannot be placed
     job_policy: str | None = None  # None: all-or-nothing when the template has GPUs, else best-effort
     placement: str = "scheduler"  # PLACEMENTS
+    domain: str | None = None  # its VMs run only on hosts whose [opennebula] domain_attribute has this value
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,24 @@ def _http(value: Any) -> str | None:
     return "must be an http:// or https:// XML-RPC URL such as http://frontend:2633/RPC2 (pyone's gRPC is unusable)"
 
 
+_ATTRIBUTE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _attribute(value: Any) -> str | None:
+    return None if _ATTRIBUTE.fullmatch(value) else "must be a host template attribute name such as NVLINK_DOMAIN"
+
+
+def _domain(value: Any) -> str | None:
+    if _DOMAIN.fullmatch(value):
+        return None
+    return "must be a plain value (letters, digits, . _ -, at most 63) such as nvl72-a"
+
+
+def _not_negative(value: Any) -> str | None:
+    return None if value >= 0 else "must be 0 (never) or more"
+
+
 def _prom(value: Any) -> str | None:
     return None if value.endswith(".prom") else "must end in .prom (node_exporter's textfile collector reads *.prom)"
 
@@ -180,6 +210,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "https_verify": Key((bool,), True),
         # A 10,000-VM pool answer of full VM bodies is ~60 MB (about 6 KB a VM, escaped in XML-RPC).
         "max_answer_mb": Key(NUMBER, 128.0, positive),
+        "domain_attribute": Key((str,), None, _attribute),
     },
     "slurm": {
         "cluster": Key((str,), None),
@@ -201,6 +232,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "poll_max": Key(NUMBER, 2.0, positive),
         "reconcile_grace": Key(NUMBER, 300.0),
         "shortage_cooldown": Key((int,), SHORTAGE_COOLDOWN, positive),
+        "protect_after": Key((int,), PROTECT_AFTER, _not_negative),
+        "protect_for": Key(NUMBER, float(PROTECT_FOR), positive),
     },
     "nodeset": {
         "nodes": Key((str,)),
@@ -211,6 +244,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "pending_timeout": Key(NUMBER, 60.0, positive),
         "job_policy": Key((str,), None, one_of(JOB_POLICIES)),
         "placement": Key((str,), "scheduler", one_of(PLACEMENTS)),
+        "domain": Key((str,), None, _domain),
     },
 }
 # Keys a node set may carry for `slurm-nebula-power template` and `slurm-conf`; validated by those commands.
@@ -314,6 +348,10 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
     if not isinstance(raw_sets, list) or not raw_sets:
         raise reader.fail("nodeset", "add at least one [[nodeset]] table with nodes and template")
     nodesets = tuple(_nodeset(reader, index, raw) for index, raw in enumerate(raw_sets))
+    for index, nodeset in enumerate(nodesets):
+        if nodeset.domain is not None and opennebula.domain_attribute is None:
+            raise reader.fail(f"nodeset[{index}].domain", "needs the host attribute that names domains: set "
+                              "[opennebula] domain_attribute (e.g. \"NVLINK_DOMAIN\", as `onehost update` wrote it)")
     seen: dict[str, str] = {}
     for nodeset in nodesets:
         for node in nodeset.nodes:
@@ -350,15 +388,6 @@ def _nodeset(reader: Reader, index: int, raw: Any) -> NodeSet:
     if isinstance(template, str) and not template.strip():
         raise reader.fail(f"{name}.template", "empty; give the VM template's name or numeric id")
     options = {k: v for k, v in values.items() if k in NODESET_OPTIONS and v is not None}
-    return NodeSet(
-        nodes_expr=values["nodes"],
-        nodes=nodes,
-        template=template,
-        suspend_action=values["suspend_action"],
-        boot_timeout=values["boot_timeout"],
-        wait_for=values["wait_for"],
-        options=options,
-        pending_timeout=values["pending_timeout"],
-        job_policy=values["job_policy"],
-        placement=values["placement"],
-    )
+    return NodeSet(nodes_expr=values["nodes"], nodes=nodes, template=template, options=options,
+                   **{key: values[key] for key in ("suspend_action", "boot_timeout", "wait_for", "pending_timeout",
+                                                   "job_policy", "placement", "domain")})

@@ -14,18 +14,23 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .admission import Shortage
-from .files import Owner, read_capped, replace
+from .files import Owner, make_directory, read_capped, replace
 
 log = logging.getLogger(__name__)
 
 MOST_BYTES = 64 << 10  # a state file's size at most (ours are a few hundred bytes)
+T = TypeVar("T")
 
 
-class ShortageLog:
-    """Where resume records shortages and reads them back, per node set."""
+class NodeSetFiles(Generic[T]):
+    """One small JSON state file per node set in a directory (lock_dir), `<KIND>-<hash of its nodes>.json`,
+    read without following a link, as a regular file of ours, with a size cap; a subclass parses it."""
+
+    KIND = "state"
+    WHAT = "state"  # for the log: "shortage state", "protected-mode state"
 
     def __init__(self, directory: Path, clock: Callable[[], float] = time.time, owner: Owner | None = None) -> None:
         self.directory = directory
@@ -35,27 +40,41 @@ class ShortageLog:
     def path(self, nodes: str) -> Path:
         """The state file of a node set (named by a hash: a hostlist expression can be long)."""
         digest = hashlib.sha256(nodes.encode()).hexdigest()[:16]
-        return self.directory / f"shortage-{digest}.json"
+        return self.directory / f"{self.KIND}-{digest}.json"
 
-    def read(self, nodes: str) -> Shortage | None:
-        """The node set's last shortage, or None."""
+    def read(self, nodes: str) -> T | None:
+        """The node set's state, or None (none, or the file is unusable: logged, never quoted)."""
+        path = self.path(nodes)
         try:
-            raw = read_capped(self.path(nodes), MOST_BYTES, self.owner)
+            raw = read_capped(path, MOST_BYTES, self.owner)
             if raw is None:
                 return None
             data: Any = json.loads(raw)
             if not isinstance(data, dict) or data.get("nodes") != nodes:
                 return None
-            free = data.get("free")
-            return Shortage(nodes=nodes, at=float(data["at"]), kind=str(data["kind"]),
-                            free=None if free is None else int(free), reason=str(data.get("reason", ""))[:200],
-                            requests=tuple({str(k): str(v) for k, v in r.items()} for r in data.get("requests", [])))
+            return self.parse(nodes, data)
         except OSError as exc:
-            log.warning("ignoring unreadable shortage state %s: %s", self.path(nodes), exc.strerror or exc)
-            return None
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # never quoted
-            log.warning("ignoring malformed shortage state %s (%s)", self.path(nodes), type(exc).__name__)
-            return None
+            log.warning("ignoring unreadable %s %s: %s", self.WHAT, path, exc.strerror or exc)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            log.warning("ignoring malformed %s %s (%s)", self.WHAT, path, type(exc).__name__)
+        return None
+
+    def parse(self, nodes: str, data: dict[str, Any]) -> T:
+        """The state in a file's JSON object (ValueError, TypeError, KeyError when it is not one)."""
+        raise NotImplementedError
+
+
+class ShortageLog(NodeSetFiles[Shortage]):
+    """Where resume records shortages and reads them back, per node set."""
+
+    KIND, WHAT = "shortage", "shortage state"
+
+    def parse(self, nodes: str, data: dict[str, Any]) -> Shortage:
+        """A shortage from its file."""
+        free = data.get("free")
+        return Shortage(nodes=nodes, at=float(data["at"]), kind=str(data["kind"]),
+                        free=None if free is None else int(free), reason=str(data.get("reason", ""))[:200],
+                        requests=tuple({str(k): str(v) for k, v in r.items()} for r in data.get("requests", [])))
 
     def record(self, nodes: str, kind: str, free: int | None, reason: str,
                requests: Sequence[Mapping[str, str]]) -> Shortage:
@@ -65,7 +84,7 @@ class ShortageLog:
                 "requests": [dict(r) for r in requests]}
         path = self.path(nodes)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_directory(self.directory, self.owner)
             replace(path, json.dumps(body).encode(), 0o640, self.owner)
         except OSError as exc:
             log.error("could not record the shortage of %s in %s: %s", nodes, path, exc)

@@ -30,6 +30,7 @@ from functools import partial
 
 from .booting import Boot
 from .config import NodeSet
+from .domains import hosts_of_domain
 from .errors import ActionRefused, CloudAuthError, CloudError, QuotaExceeded, VmNotFound, first_line
 from .gate import Gate
 from .hosts import Host, PciDevice, VmNeeds
@@ -181,6 +182,10 @@ class Direct:
             if state.needs is None:
                 state.needs = needs
                 hosts = list(self.rooms.hosts.values()) if self.rooms is not None else []
+                attribute = self.ctx.config.opennebula.domain_attribute
+                if nodeset.domain is not None and attribute is not None:
+                    # the VM's SCHED_REQUIREMENTS name the domain too (gate.placing): this holds without it
+                    hosts = list(hosts_of_domain(hosts, attribute, nodeset.domain))
                 try:
                     state.hosts = candidates(hosts, needs)
                 except Unsupported as exc:

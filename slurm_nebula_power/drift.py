@@ -6,7 +6,14 @@ Repairs (diagnose decides, reconcile acts):
   - node believed up (no power flag, not DOWN) whose VM is gone, failed or off -> (terminate a failed VM,)
     hand the node back to Slurm;
   - VM still starting (PENDING, PROLOG, BOOT) past its node set's boot_timeout while the node is up or
-    powering up -> terminate it and hand the node back.
+    powering up -> terminate it and hand the node back;
+  - VM UNKNOWN or POWEROFF under a node that is up (its host failed, its hypervisor process was killed),
+    or under a node slurmctld marked DOWN for not responding -> terminate it and hand the node back
+    (POWER_DOWN_FORCE requeues the node's job and returns the node to the cloud pool);
+  - VM running on a host OpenNebula marks DISABLED or OFFLINE (maintenance) while its node is up -> drain
+    the node (its jobs finish, no new one starts, the Reason names the host); once idle, Slurm powers it
+    down as usual and its next VM goes to another host;
+  - node drained by that rule whose VM is gone or whose host takes VMs again -> undrain it.
 Foreign VMs (without our tags) are never looked at. A node whose lock is held by a running resume or
 suspend is skipped; the others are planned again after their locks are taken, from a fresh Slurm then
 OpenNebula read, so a suspend or resume that ran in between is never undone.
@@ -18,19 +25,22 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .config import Config, NodeSet
-from .errors import SlurmError
+from .errors import CloudError, SlurmError
+from .hosts import Host
 from .locks import NodeLocks
-from .model import DONE, PENDING, Vm
+from .model import ACTIVE, DONE, PENDING, POWEROFF, UNKNOWN_LCM, Vm, cell
 from .operation import Cloud, Context, Outcome
 from .plan import SATISFIED, counting_vm
-from .slurm import OFF, STARTING, UP, NodeState
+from .slurm import OFF, REASON_PREFIX, STARTING, UP, NodeState
 from .suspend import power_down
 
 log = logging.getLogger(__name__)
 LOCK_WAIT = 2.0  # seconds: a busy node is skipped, the next run gets it
+MAINTENANCE = ("DISABLED", "OFFLINE")  # host states that drain the nodes whose VMs run there
+DRAINED_FOR = "host "  # how a drain reason of ours begins after slurm.REASON_PREFIX ("nebula: host h1 ...")
 
 
 @dataclass
@@ -42,6 +52,7 @@ class NodeView:
     slurm: NodeState | None  # None: unknown to slurmctld (or Slurm not asked)
     vms: list[Vm] = field(default_factory=list)  # ours, live
     impostors: list[Vm] = field(default_factory=list)  # named like the node, failing identity: never touched
+    host: Host | None = None  # the host its VM runs on, as the host pool shows it (None: unknown)
 
     @property
     def vm(self) -> Vm | None:
@@ -49,9 +60,19 @@ class NodeView:
         return counting_vm(self.vms)
 
 
+def read_hosts(cloud: Cloud) -> list[Host] | None:
+    """The host pool (one call), or None when it cannot be read: host maintenance is then not looked at."""
+    try:
+        return cloud.hosts()
+    except CloudError as exc:
+        log.warning("host pool unreadable, hosts in maintenance not looked at: %s", exc)
+        return None
+
+
 def survey(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | None,
-           nodes: Sequence[str] | None = None) -> list[NodeView]:
-    """One pool query joined with Slurm's states; nodes=None adds our VMs of nodes in no node set."""
+           nodes: Sequence[str] | None = None, hosts: bool = False) -> list[NodeView]:
+    """One pool query joined with Slurm's states (and, with hosts, the host pool read after it: a failing
+    endpoint fails the first call); nodes=None adds our VMs of nodes in no node set."""
     cluster = config.slurm.cluster
     wanted = list(nodes) if nodes is not None else config.all_nodes
     views = {node: NodeView(node, config.nodeset_for(node), (states or {}).get(node)) for node in wanted}
@@ -64,6 +85,10 @@ def survey(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | None,
             views[vm.name] = NodeView(vm.name, None, (states or {}).get(vm.name))
         if vm.name in views:
             views[vm.name].vms.append(vm)
+    by_name = {host.name: host for host in (read_hosts(cloud) if hosts else None) or ()}
+    for view in views.values():
+        counted = view.vm
+        view.host = by_name.get(counted.host) if counted is not None and counted.host else None
     return list(views.values())
 
 
@@ -74,6 +99,9 @@ class Repair:
     terminate: tuple[Vm, ...]
     hand_back: bool
     reason: str
+    drain: bool = False  # State=DRAIN with the reason: jobs finish, no new one starts
+    down: bool = False  # State=DOWN before the hand-back: its guest is gone, its job must not wait for it
+    undrain: bool = False  # State=UNDRAIN: our drain is over
 
 
 @dataclass(frozen=True)
@@ -126,6 +154,9 @@ def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True)
     where = st.phase
     if st.is_down or st.is_drained:
         problems.append(f"Slurm {'DOWN' if st.is_down else 'DRAIN'}: {st.reason or 'no reason given'}")
+    found = _host_trouble(view, st, where, problems)
+    if found is not None and not (found.undrain and where == OFF):
+        return Diagnosis(tuple(problems), found)
     if vm is not None and vm.ip and where in (UP, STARTING) and st.addr not in ("", view.node, vm.ip):
         problems.append(f"Slurm NodeAddr {st.addr} but VM IP {vm.ip}")
     repair = None
@@ -158,7 +189,44 @@ def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True)
             repair = Repair((), True, f"VM {vm.state_name}")
     elif vm is not None and vm.failed:
         problems.append(f"VM failed ({vm.state_name})")
+    if found is not None:  # the undrain of a powered-down node, with what else it needs
+        repair = found if repair is None else replace(repair, undrain=True)
     return Diagnosis(tuple(problems), repair)
+
+
+def _lost(vm: Vm) -> bool:
+    """UNKNOWN (oned lost it: its host failed) or POWEROFF (the hypervisor process died, or the guest
+    halted): no job runs on it any more."""
+    return vm.state == POWEROFF or (vm.state == ACTIVE and vm.lcm_state == UNKNOWN_LCM)
+
+
+def _drained_by_us(st: NodeState) -> bool:
+    return st.is_drained and st.reason.startswith(REASON_PREFIX + DRAINED_FOR)
+
+
+def _host_trouble(view: NodeView, st: NodeState, where: str, problems: list[str]) -> Repair | None:
+    """The repairs a host's failure or maintenance calls for (the module docstring), or None."""
+    vm, host = view.vm, view.host
+    where_vm = f"host {cell(vm.host or '?', 40)}" if vm is not None else ""
+    not_responding = st.is_down and ("*" in st.state or "NOT_RESPONDING" in st.flags)
+    if vm is not None and _lost(vm) and (where == UP or not_responding):
+        problems.append(f"node {'up' if where == UP else 'not responding'} but VM {vm.state_name}")
+        return Repair(tuple(view.vms), True, f"VM {vm.state_name} under the node ({where_vm} failed, or its "
+                      "hypervisor process was killed)", down=True)
+    if _drained_by_us(st):
+        if vm is None or where == OFF or (host is not None and host.placeable):
+            back = "the node is powered down" if where == OFF else "its VM is gone" if vm is None else \
+                f"{where_vm} takes VMs again"
+            problems.append(f"drained for host maintenance, and {back}")
+            return Repair((), False, f"{where_vm or 'its host'} back in service", undrain=True)
+        problems.append(f"draining: {where_vm} is {host.state_name if host else 'not seen'} in OpenNebula")
+        return None
+    if vm is not None and vm.running and host is not None and host.state_name in MAINTENANCE and where == UP \
+            and not st.is_drained:
+        problems.append(f"VM runs on {where_vm}, {host.state_name} in OpenNebula")
+        return Repair((), False, f"{DRAINED_FOR}{cell(host.name, 40)} {host.state_name} in OpenNebula: drained for "
+                      "maintenance, powered down once idle", drain=True)
+    return None
 
 
 # ---- repair ------------------------------------------------------------------------------------------
@@ -171,6 +239,10 @@ def describe(repair: Repair) -> str:
         parts.append("terminate VM " + ", ".join(str(vm.id) for vm in repair.terminate))
     if repair.hand_back:
         parts.append("hand back to Slurm")
+    if repair.drain:
+        parts.append("drain in Slurm")
+    if repair.undrain:
+        parts.append("undrain in Slurm")
     return " and ".join(parts)
 
 
@@ -178,7 +250,7 @@ def _plan(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]], node
           now: float, emit: Callable[[str], None] | None = None) -> list[tuple[NodeView, Diagnosis]]:
     # Slurm first, then OpenNebula: a suspend that starts after the Slurm read still waits for our lock.
     states = read_states()
-    views = survey(ctx.config, ctx.cloud, states, nodes)
+    views = survey(ctx.config, ctx.cloud, states, nodes, hosts=True)
     if emit is not None:
         for view in views:
             for vm in view.impostors:  # reported every run, never acted on
@@ -239,18 +311,24 @@ def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outco
     if doomed:
         down = power_down(ctx, doomed, "reconcile", force=True)
         failed.update({node: reason for reason, nodes in down.failed.items() for node in nodes})
-    by_reason: dict[str, list[str]] = defaultdict(list)
+    by_reason: dict[tuple[str, str], list[str]] = defaultdict(list)
     for node, repair in repairs.items():
-        if repair.hand_back:
-            by_reason[repair.reason].append(node)
-    for reason, nodes in by_reason.items():
+        kind = "hand back" if repair.hand_back else "drain" if repair.drain else "undrain" if repair.undrain else ""
+        if kind:
+            by_reason[(kind, "" if kind == "undrain" else repair.reason)].append(node)
+    for (kind, reason), nodes in by_reason.items():
         try:
-            ctx.slurm.hand_back(nodes, f"reconcile: {reason}")
+            if kind == "hand back":
+                if any(repairs[node].down for node in nodes):
+                    ctx.slurm.set_down(nodes, f"reconcile: {reason}")
+                ctx.slurm.hand_back(nodes, f"reconcile: {reason}")
+            else:
+                ctx.slurm.set_drain(nodes, reason if kind == "drain" else None)
         except SlurmError as exc:
             for node in nodes:
-                failed[node] = f"hand back failed: {exc}"
+                failed[node] = f"{kind} failed: {exc}"
             continue
-        for node in nodes:
+        for node in nodes if kind == "hand back" else ():
             ctx.recorder.record("handed_back", node, reason=f"reconcile: {reason}")
     for node, repair in repairs.items():
         if node in failed:

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import pwd
 import stat
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 Owner = tuple[int, int]  # (uid, gid)
@@ -157,6 +160,31 @@ def read_capped(path: Path, cap: int, owner: Owner | None = None) -> bytes | Non
     return data
 
 
+def make_directory(path: Path, owner: Owner | None = None) -> None:
+    """Make a directory (its missing parents too) when it does not exist; when root runs this, the
+    directory itself is given to owner by fchown on a descriptor opened without following a link: a
+    chown by path gave owner whatever link a writer of the parent put there between the mkdir and the
+    chown (SlurmUser, /etc/shadow)."""
+    if os.path.lexists(path):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        return  # made meanwhile by another run (or planted: the opens below it check what they find)
+    if owner is None or os.geteuid() != 0:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnsafeFile(errno.ELOOP, f"{path} was replaced while it was made (a link?): remove it") from exc
+    try:
+        if os.fstat(fd).st_uid == 0:  # the one this run made, not another user's put in its place
+            os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
+
+
 def replace(path: Path, data: bytes, mode: int, owner: Owner | None = None) -> None:
     """Write a whole file atomically: a temporary file beside it (O_EXCL), fchmod and fchown on its
     descriptor, then rename over path (a rename never follows a link at path)."""
@@ -172,3 +200,23 @@ def replace(path: Path, data: bytes, mode: int, owner: Owner | None = None) -> N
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def flocked(lock: Path, wait: float, owner: Owner | None = None) -> Iterator[None]:
+    """Hold an flock on the file `lock` (opened safely, made 0644 for `owner` when missing), waiting at most
+    `wait` seconds for another holder (TimeoutError); the kernel drops it if the process dies."""
+    fd = open_file(lock, os.O_RDONLY | os.O_CREAT, 0o644, owner, exact_mode=True)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{lock} held for more than {wait:g}s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)

@@ -3,6 +3,7 @@ and write what, and whether the session travels protected."""
 
 from __future__ import annotations
 
+import errno
 import grp
 import ipaddress
 import os
@@ -13,9 +14,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .config import Config
+from .files import user_name
+from .model import cell
 from .slurmconf import SlurmConf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
+FIELD_LENGTH = 1000  # characters of a finding's subject, text or fix shown (ours are a few hundred)
 R, W, X = os.R_OK, os.W_OK, os.X_OK
 
 
@@ -29,8 +33,11 @@ class Finding:
     fix: str = ""
 
     def line(self) -> str:
-        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`."""
-        return f"{self.level:<8} {self.subject}: {self.text}" + (f" -> fix: {self.fix}" if self.fix else "")
+        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`, one line whatever OpenNebula answered:
+        its values (oned's version, a template's CONTEXT, error texts) are escaped and cut, so none can
+        forge an `ok` line or hide a problem."""
+        subject, text, fix = (cell(part, FIELD_LENGTH) for part in (self.subject, self.text, self.fix))
+        return f"{self.level:<8} {subject}: {text}" + (f" -> fix: {fix}" if fix else "")
 
 
 class Report:
@@ -61,7 +68,8 @@ class Report:
 
 
 def allowed(user: pwd.struct_passwd, path: Path, want: int) -> bool | None:
-    """Whether user may access path (want: R/W/X bits), directories on the way included; None: cannot tell.
+    """Whether user may access path (want: R/W/X bits), every directory the kernel searches on the way
+    included, a symlink's own directory as well as its target's; None: cannot tell.
 
     POSIX mode bits only (ACLs are not read); root may do anything.
     """
@@ -75,12 +83,44 @@ def allowed(user: pwd.struct_passwd, path: Path, want: int) -> bool | None:
         return (info.st_mode >> shift) & need == need
 
     try:
-        path = path.absolute()
-        return all(bits(parent, X) for parent in reversed(path.parents)) and bits(path, want)
+        searched, reached = lookup(path)
+        return all(bits(directory, X) for directory in dict.fromkeys(searched)) and bits(reached, want)
     except PermissionError:
         return None
     except OSError:
         return False
+
+
+MOST_LINKS = 40  # the kernel follows at most 40 symlinks in one lookup (ELOOP)
+
+
+def lookup(path: Path) -> tuple[list[Path], Path]:
+    """What the kernel looks at to open path: each directory it searches, links followed as it follows them
+    (a link in /usr/local/bin to a script in /root needs /root searchable: realpath alone hides that), and
+    the file it reaches."""
+    searched: list[Path] = []
+    current, parts, links = Path("/"), list(path.absolute().parts[1:]), 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = current.parent  # current is never a link: its parent is the real one, as the kernel's
+            continue
+        searched.append(current)
+        candidate = current / part
+        if not candidate.is_symlink():
+            current = candidate
+            continue
+        links += 1
+        if links > MOST_LINKS:
+            raise OSError(errno.ELOOP, f"{path}: more than {MOST_LINKS} symlinks")
+        target = Path(os.readlink(candidate))
+        if target.is_absolute():
+            current, parts = Path("/"), [*target.parts[1:], *parts]
+        else:
+            parts = [*target.parts, *parts]
+    return searched, current
 
 
 def writable(user: pwd.struct_passwd, path: Path, directory: bool) -> bool | None:
@@ -138,11 +178,9 @@ def check_program_access(report: Report, conf: SlurmConf, user: pwd.struct_passw
         program = Path(value)
         blocked = [] if allowed(user, program, R | X) is not False else [str(program)]
         interpreter = _interpreter(program)
-        if interpreter is not None:
-            resolved = Path(os.path.realpath(interpreter))
-            if allowed(user, resolved, X) is False:
-                blocked.append(f"its interpreter {interpreter}" + (f" ({resolved})" if str(resolved) !=
-                                                                   interpreter else ""))
+        if interpreter is not None and allowed(user, Path(interpreter), X) is False:
+            resolved = os.path.realpath(interpreter)
+            blocked.append(f"its interpreter {interpreter}" + (f" ({resolved})" if resolved != interpreter else ""))
         if blocked:
             report.problem(f"slurm.conf {key}", f"SlurmUser {user.pw_name} cannot run {' nor '.join(blocked)} "
                            "(a directory on the way, or the file, lacks the permission)",
@@ -174,8 +212,9 @@ def others_can_write(path: Path) -> bool:
     return bool(info.st_mode & stat.S_IWOTH or loose_parent)
 
 
-def check_ownership(report: Report, config: Config) -> None:
-    """Nothing that decides what SlurmUser runs, and no lock directory, is writable by other users."""
+def check_ownership(report: Report, config: Config, slurm_user: pwd.struct_passwd | None = None) -> None:
+    """Nothing that decides what SlurmUser runs, and no lock directory, is writable by other users (nor
+    owned by one: its owner can write it whatever its mode, and the programs trust its owner's files)."""
     named = [("configuration", config.path, "it names scontrol and prolog_chain, which SlurmUser runs"),
              ("[slurm] scontrol", config.slurm.scontrol, "SlurmUser runs it"),
              ("[slurm] prolog_chain", config.slurm.prolog_chain, "slurmctld runs it for every job")]
@@ -191,10 +230,16 @@ def check_ownership(report: Report, config: Config) -> None:
                             "the metrics file and its lock"))
     for what, directory, holds in directories:
         try:
-            mode = directory.stat().st_mode
+            info = directory.stat()
         except OSError:
             continue
-        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        mode = info.st_mode
+        if slurm_user is not None and info.st_uid not in (0, os.geteuid(), slurm_user.pw_uid):
+            owner = user_name(info.st_uid)
+            report.problem(f"{what} {directory}", f"owned by {owner}, neither root nor SlurmUser: {owner} can "
+                           f"plant links, FIFOs or files in place of {holds}, and the programs trust their "
+                           "directory's owner", f"chown {slurm_user.pw_name} {directory}")
+        elif mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
             who = "other users" if mode & stat.S_IWOTH else "its group"
             report.problem(f"{what} {directory}", f"writable by {who}, without the sticky bit: they can plant "
                            f"links, FIFOs or files in place of {holds}, or remove them",

@@ -14,6 +14,7 @@ from .admission import COUNT, PLACEMENT, QUOTA, Need, admit, may_retry
 from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
 from .config import NodeSet
 from .cooldown import ShortageLog
+from .domains import hosts_of_domain, requirement
 from .errors import CloudError, QuotaExceeded
 from .hostlists import fold
 from .hosts import Host
@@ -42,13 +43,19 @@ class Gate:
         self.ctx = ctx
         self.jobs = jobs
         self.requests: dict[int, Requests] = {}  # id(nodeset) -> the GPUs one of its VMs needs
+        self.placing: dict[int, str] = {}  # id(nodeset) -> the SCHED_REQUIREMENTS of its domain
         self.shortages = ShortageLog(ctx.config.power.lock_dir, owner=ctx.owner)
         self._hosts: list[Host] | None = None
         self._hosts_read = False
 
     def learn_template(self, nodeset: NodeSet, template: Mapping[str, Any]) -> None:
-        """Note what GPUs a VM of this node set asks for."""
+        """Note what GPUs a VM of this node set asks for, and where it may run (its domain)."""
         self.requests[id(nodeset)] = gpu_requests(template)
+        attribute = self.ctx.config.opennebula.domain_attribute
+        if nodeset.domain is not None and attribute is not None:
+            theirs = template.get("SCHED_REQUIREMENTS")
+            own = theirs if isinstance(theirs, str) else ""  # never a vector; absent in most templates
+            self.placing[id(nodeset)] = requirement(attribute, nodeset.domain, own)
 
     def hosts(self) -> list[Host] | None:
         """The host pool, read once per run (None: unreadable or empty, so capacity is unknown)."""
@@ -93,7 +100,7 @@ class Gate:
             return None
         requests = tuple(_request(r) for r in shortage.requests)
         hosts = self.hosts() if requests else None
-        free = None if hosts is None else Pool(hosts).free(requests)
+        free = None if hosts is None else Pool(hosts).free(requests, self.where(nodeset, hosts))
         if may_retry(shortage, free, count * len(requests)):
             log.info("node set %s: %s GPUs %s free, cooldown lifted", nodeset.nodes_expr, free, label(requests))
             self.shortages.clear(nodeset.nodes_expr)
@@ -114,7 +121,7 @@ class Gate:
                     ((plan.vm,) if plan.action == "recreate" and plan.vm else ()) + plan.duplicates)]
                 needs = [self._need(node, nodeset, plan, hosts) for node, nodeset, plan in plans]
                 refused = admit(needs, self.jobs, self.all_or_nothing, Pool(hosts, released))
-                self._record_counted(plans, refused, Pool(hosts, released))
+                self._record_counted(plans, refused, Pool(hosts, released), hosts)
         down = set(refused) | set(lost)
         drag = {node: self.drag_reason(job, down)
                 for node, job in dragged(down, self.jobs, self.all_or_nothing).items() if node not in refused}
@@ -131,7 +138,18 @@ class Gate:
         return bool(self.requests.get(id(nodeset))) and not (
             plan.action == "wait" and plan.vm is not None and plan.vm.state != PENDING)
 
+    def where(self, nodeset: NodeSet, hosts: Sequence[Host]) -> frozenset[int] | None:
+        """The ids of the hosts a VM of this node set may run on (its domain's), or None: any host."""
+        attribute = self.ctx.config.opennebula.domain_attribute
+        if nodeset.domain is None or attribute is None:
+            return None
+        return frozenset(host.id for host in hosts_of_domain(hosts, attribute, nodeset.domain))
+
     def _need(self, node: str, nodeset: NodeSet, plan: Plan, hosts: list[Host]) -> Need:
+        """What a node's plan needs anew (on the hosts of its domain, if it has one)."""
+        return dataclasses.replace(self._anew(node, nodeset, plan, hosts), hosts=self.where(nodeset, hosts))
+
+    def _anew(self, node: str, nodeset: NodeSet, plan: Plan, hosts: list[Host]) -> Need:
         """What a node's plan needs anew: nothing when its VM holds its GPUs (booting, running, POWEROFF)."""
         requests = self.requests.get(id(nodeset), ())
         vm = plan.vm
@@ -142,12 +160,14 @@ class Gate:
             return Need(node, nodeset.nodes_expr, requests if queued else (), queued=queued)
         return Need(node, nodeset.nodes_expr, requests if held_by(hosts, vm.id) < len(requests) else ())
 
-    def _record_counted(self, plans: Sequence[Planned], refused: Mapping[str, str], pool: Pool) -> None:
+    def _record_counted(self, plans: Sequence[Planned], refused: Mapping[str, str], pool: Pool,
+                        hosts: Sequence[Host]) -> None:
         """A shortage the count found starts its node set's cooldown."""
         for nodeset in {id(ns): ns for node, ns, _ in plans if node in refused}.values():
             requests = self.requests.get(id(nodeset), ())
             reason = next(refused[node] for node, ns, _ in plans if ns is nodeset and node in refused)
-            self.shortages.record(nodeset.nodes_expr, COUNT, pool.free(requests), f"GPU shortage ({reason})",
+            free = pool.free(requests, self.where(nodeset, hosts))
+            self.shortages.record(nodeset.nodes_expr, COUNT, free, f"GPU shortage ({reason})",
                                   [_plain(r) for r in requests])
 
     # -- while watching --
@@ -156,7 +176,7 @@ class Gate:
         """The reason for a node set's VMs oned did not place within pending_timeout (`vm` one of them),
         from the host pool read now; starts the node set's cooldown."""
         requests = self.requests.get(id(nodeset), ())
-        free = Pool(hosts).free(requests) if hosts is not None and requests else None
+        free = Pool(hosts).free(requests, self.where(nodeset, hosts)) if hosts is not None and requests else None
         what = f"GPU {label(requests)}" if requests else "room"
         oned = vm.oned_message
         if free is not None and free < len(requests):

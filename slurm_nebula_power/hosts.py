@@ -5,7 +5,8 @@ parser the host pool's fields go through)."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from .model import Pci, number, pci_from_element
 
@@ -17,6 +18,8 @@ HOST_STATE_NAMES = {0: "INIT", 1: "MONITORING_MONITORED", 2: "MONITORED", 3: "ER
 # The states a host takes new VMs in: oned 7.x's scheduler asks for "state = 2"
 # (src/schedm/SchedulerManagerDriver.cc); 6.x's also took MONITORING_MONITORED (HostPoolXML.h: STATE=1 or 2).
 PLACEABLE_HOST_STATES = (1, 2)
+MOST_ATTRIBUTES = 256  # HOST/TEMPLATE attributes kept per host (a monitored host has a few dozen)
+ATTRIBUTE_LENGTH = 256  # characters kept of one (KVM_CPU_MODELS runs to a few hundred; ours are short)
 
 
 @dataclass(frozen=True)
@@ -45,14 +48,17 @@ class Host:
     name: str
     state: int
     devices: tuple[PciDevice, ...] = ()
+    # HOST/TEMPLATE's single-valued attributes: what `onehost update` set (NVLINK_DOMAIN, RACK) and the
+    # monitor's (HYPERVISOR, ...); vectors are left out
+    attributes: Mapping[str, str] = field(default_factory=dict)
     cluster_id: int = -1
     cpu_free: int | None = None  # HOST_SHARE MAX_CPU - CPU_USAGE, oned's units (100 a core); None: not shown
     memory_free_kb: int | None = None  # HOST_SHARE MAX_MEM - MEM_USAGE
-    attributes: tuple[tuple[str, str], ...] = ()  # (name, value) where oned's scheduler looks them up, in order
+    searched: tuple[tuple[str, str], ...] = ()  # (name, value) where oned's scheduler looks them up, in order
 
     def attribute(self, name: str) -> list[str]:
         """Every value of an attribute a requirement names, in the scheduler's order (the first one counts)."""
-        return [value for key, value in self.attributes if key == name]
+        return [value for key, value in self.searched if key == name]
 
     @property
     def placeable(self) -> bool:
@@ -69,16 +75,16 @@ class Host:
 # paths joined with "|", so the first match in document order counts); leaves only.
 _SEARCHED = ("TEMPLATE", "HOST_SHARE", "HOST_SHARE/DATASTORES", "MONITORING/CAPACITY", "MONITORING/SYSTEM",
              "CLUSTER_TEMPLATE")
-MOST_ATTRIBUTES = 2000  # per host: a requirement never needs more, and a hostile answer is bounded
+MOST_SEARCHED = 2000  # per host: a requirement never needs more, and a hostile answer is bounded
 
 
-def _attributes(host: ET.Element) -> tuple[tuple[str, str], ...]:
+def _searched(host: ET.Element) -> tuple[tuple[str, str], ...]:
     """The leaves below the searched paths and HOST itself, in document order."""
     out: list[tuple[str, str]] = []
 
     def leaves(element: ET.Element, path: str) -> None:
         for child in element:
-            if len(out) >= MOST_ATTRIBUTES:
+            if len(out) >= MOST_SEARCHED:
                 return
             sub = f"{path}/{child.tag}" if path else child.tag
             if len(child) == 0:
@@ -111,10 +117,24 @@ def hosts_from_xml(text: str) -> list[Host]:
             for pci in host.iterfind("HOST_SHARE/PCI_DEVICES/PCI"))
         hosts.append(Host(id=number(host.findtext("ID"), -1, "HOST/ID"), name=host.findtext("NAME") or "",
                           state=number(host.findtext("STATE"), 0, "HOST/STATE"), devices=devices,
+                          attributes=_attributes(host.find("TEMPLATE")),
                           cluster_id=number(host.findtext("CLUSTER_ID"), -1, "HOST/CLUSTER_ID"),
                           cpu_free=_free(host, "MAX_CPU", "CPU_USAGE"),
-                          memory_free_kb=_free(host, "MAX_MEM", "MEM_USAGE"), attributes=_attributes(host)))
+                          memory_free_kb=_free(host, "MAX_MEM", "MEM_USAGE"), searched=_searched(host)))
     return hosts
+
+
+def _attributes(template: ET.Element | None) -> dict[str, str]:
+    """HOST/TEMPLATE's single-valued attributes, bounded: oned's answer may carry anything."""
+    if template is None:
+        return {}
+    found: dict[str, str] = {}
+    for item in template:
+        if len(found) >= MOST_ATTRIBUTES:
+            break
+        if len(item) == 0 and item.tag not in found:  # a vector has children: not one value
+            found[item.tag] = (item.text or "").strip()[:ATTRIBUTE_LENGTH]
+    return found
 
 
 def host_gpus(text: str) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from types import TracebackType
 
 from .backoff import Backoff
 from .errors import ConfigError
-from .files import UnsafeFile, open_file
+from .files import UnsafeFile, make_directory, open_file
 
 LOCK_MODE = 0o644  # flock needs only an open file: SlurmUser opens it read-only whoever created it
 SPARE_FDS = 256  # descriptors kept free beyond one per lock: sockets of the thread pool, logs, scontrol
@@ -74,10 +74,7 @@ class NodeLocks:
 
     def _open_dir(self) -> None:
         try:
-            if not self.lock_dir.exists():
-                self.lock_dir.mkdir(parents=True, exist_ok=True)
-                if self.owner is not None:
-                    os.chown(self.lock_dir, *self.owner)
+            make_directory(self.lock_dir, self.owner)
             self._dir_fd = os.open(self.lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise ConfigError(f"power.lock_dir: cannot create {self.lock_dir}: {exc.strerror}; "

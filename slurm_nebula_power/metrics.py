@@ -18,10 +18,7 @@ set. Writing never fails a run: a problem is logged and the run's figures are lo
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import Owner, UnsafeFile, open_file, read_capped, replace
+from .files import Owner, UnsafeFile, flocked, read_capped, replace
 
 log = logging.getLogger(__name__)
 PREFIX = "slurm_nebula_power_"
@@ -67,6 +64,8 @@ GAUGES = {
 LABELLED_GAUGES = {
     "gpus_held_by_slurm_state": ("state", "GPUs held by our live VMs by their node's Slurm state "
                                  "(idle, busy, powered_down, starting, stopping, other, unknown), by reconcile"),
+    "nodeset_protected": ("nodeset", "1 while the node set is in protected mode (resume creates none of its VMs "
+                          "after boot failures in a row), else 0; by reconcile and resume"),
 }
 
 
@@ -170,24 +169,6 @@ class _Merged:
             yield metric
 
 
-@contextlib.contextmanager
-def _locked(path: Path, wait: float, owner: Owner | None) -> Iterator[None]:
-    fd = open_file(path.with_name(path.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o644, owner, exact_mode=True)
-    try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"{path}.lock held for more than {wait:g}s") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)
-
-
 class Unreadable(ValueError):
     """A metrics file that is not in the textfile format (its content is never quoted: it may be anything)."""
 
@@ -212,7 +193,7 @@ def write_metrics(path: Path, run: RunFigures, now: float | None = None, lock_wa
     from prometheus_client import CollectorRegistry, generate_latest
 
     try:
-        with _locked(path, lock_wait, owner):
+        with flocked(path.with_name(path.name + ".lock"), lock_wait, owner):
             try:
                 previous = read_metrics(path, owner)
             except (Unreadable, UnsafeFile) as exc:

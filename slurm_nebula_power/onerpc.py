@@ -42,6 +42,13 @@ class AnswerTooLarge(Exception):
     """An answer above the configured bound (max_answer_mb)."""
 
 
+class NoConnection(Exception):
+    """No connection to the endpoint within CONNECT_TIMEOUT (its host drops packets, or is down)."""
+
+
+CONNECT_TIMEOUT = 5.0  # seconds to connect: on a reachable front end a connect takes milliseconds
+
+
 class Transport(xmlrpc.client.Transport):
     """XML-RPC over http.client: a wall-clock bound per call, a bounded answer size, one kept-alive
     connection, cheap parsing.
@@ -83,6 +90,8 @@ class Transport(xmlrpc.client.Transport):
         conn = self.connection(str(host))
         alarm = WATCHDOG.arm(conn, self.timeout)
         try:
+            if conn.sock is None:
+                self._connect(conn)
             conn.request("POST", handler, body=request_body,
                          headers={"Content-Type": "text/xml", "User-Agent": f"slurm-nebula-power/{__version__}"})
             response = conn.getresponse()
@@ -98,6 +107,19 @@ class Transport(xmlrpc.client.Transport):
             raise
         finally:
             WATCHDOG.disarm(alarm)
+
+    def _connect(self, conn: http.client.HTTPConnection) -> None:
+        """Connect within CONNECT_TIMEOUT (a host that drops packets is known in seconds, not at the end of
+        the call's timeout, which bounds reading a large answer), then read with the call's timeout."""
+        conn.timeout = min(self.timeout, CONNECT_TIMEOUT)
+        try:
+            conn.connect()
+        except TimeoutError:
+            raise NoConnection(f"no connection within {conn.timeout:g}s") from None
+        finally:
+            conn.timeout = self.timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(self.timeout)
 
     def parse_response(self, response: Any) -> Any:
         """Read the whole answer (at most max_answer bytes), parse it in one go, expat's text whole."""
@@ -252,6 +274,8 @@ class OneRpc:
         except xmlrpc.client.ProtocolError as exc:
             error = TransientCloudError if exc.errcode >= 500 else CloudError
             raise error(f"[{name}] HTTP {exc.errcode} {exc.errmsg}") from None
+        except NoConnection as exc:
+            raise TransientCloudError(f"[{name}] {exc}") from None
         except TimeoutError:
             raise TransientCloudError(f"[{name}] no answer within the timeout") from None
         except AnswerTooLarge as exc:
@@ -268,8 +292,16 @@ class OneRpc:
         return answer[1]
 
     def document(self, method: str, *params: Any) -> Any:
-        """Call one.<method> and bind its XML document to pyone's objects (small answers only)."""
-        return pyone.bindings.parseString(str(self.call(method, *params)).encode("utf-8"))
+        """Call one.<method> and bind its XML document to pyone's objects (small answers only); a document
+        pyone cannot bind (an ID that is not a number, a truncated answer) is a transient error of the call,
+        as for the VM and host pools, never a crash of the program."""
+        text = str(self.call(method, *params))
+        if "<!DOCTYPE" in text.upper():  # oned sends none; lxml before 5 resolves a DOCTYPE's file entities
+            raise TransientCloudError(f"[one.{method}] unreadable document (a DOCTYPE, which oned never sends)")
+        try:
+            return pyone.bindings.parseString(text.encode("utf-8"))
+        except Exception as exc:  # pyone's generated binder raises its own GDSParseError, the XML parser's
+            raise TransientCloudError(f"[one.{method}] unreadable document ({type(exc).__name__})") from None
 
 
 def translate(message: str, code: int) -> CloudError:

@@ -72,13 +72,15 @@ def counting_vm(vms: Sequence[Vm]) -> Vm | None:
     return plan_resume(vms).vm if vms else None
 
 
-def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mapping[str, Any]) -> str:
+def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mapping[str, Any],
+                   requirements: str | None = None) -> str:
     """The extra template given at instantiate, in oned's XML form (values escaped, CDATA-free).
 
     oned's instantiate replaces a template attribute given again in the extra template, so CONTEXT
     is sent whole: the template's own CONTEXT plus SET_HOSTNAME, SLURM_NODENAME and SLURM_CLUSTER (the
     identity) and SLURM_JOB_IDS (what the usage records bill). The USER_TEMPLATE tags repeat them for
-    people; a guest may rewrite those, and nothing reads them back.
+    people; a guest may rewrite those, and nothing reads them back. `requirements`: the node set's
+    SCHED_REQUIREMENTS (domains.requirement: its domain, with the template's own kept).
     """
     def element(key: str, value: object) -> str:
         return f"<{key}>{escape(str(value))}</{key}>"
@@ -95,6 +97,8 @@ def extra_template(cluster: str, node: str, jobs: Sequence[int], context: Mappin
     if jobs:
         parts.append(element(TAG_JOBS, job_ids))  # for people: a guest may rewrite it
     parts.append("<CONTEXT>" + "".join(element(k, v) for k, v in merged.items()) + "</CONTEXT>")
+    if requirements:
+        parts.append(element("SCHED_REQUIREMENTS", requirements))
     return "<TEMPLATE>" + "".join(parts) + "</TEMPLATE>"
 
 

@@ -34,6 +34,10 @@ def _cut(text: str | None, length: int = FIELD_LENGTH) -> str | None:
 # Failure reasons -> a small, bounded set of categories (metric label values, usage summaries).
 # The reasons are the texts resume, suspend and reconcile give Slurm; first match wins.
 REASON_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("protected after", "protected"),  # protected mode: boot failures in a row (it quotes the last one)
+    ("hypervisor process was killed", "host_failure"),  # reconcile: VM UNKNOWN or POWEROFF under a node
+    ("drained for maintenance", "host_maintenance"),  # reconcile: its VM's host DISABLED or OFFLINE
+    ("back in service", "host_maintenance"),  # reconcile: that drain is over
     ("no host with a free gpu", "no_capacity"),  # before 0.x: any SCHED_MESSAGE past boot_timeout
     ("no host can take the vm", "no_capacity"),  # oned cannot place it, the resource unnamed (7.0)
     ("gpu shortage", "no_capacity"),  # the cooldown after one
@@ -132,25 +136,51 @@ def parse_time(text: str) -> float:
 
 
 def from_json(line: str) -> Record:
-    """Parse one audit line; ValueError when it is not a record of ours."""
+    """Parse one audit line; ValueError when it is not a record of ours. Every field is checked for its
+    type and bounds: the file sits in a directory others may write, and a record of 1e400 or {} as its VM
+    or host once crashed `usage` with a traceback."""
     try:
         data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc.msg}") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {getattr(exc, 'msg', type(exc).__name__)}") from None
     if not isinstance(data, dict) or data.get("event") not in EVENTS or not isinstance(data.get("node"), str):
         raise ValueError("not a usage record (event and node missing)")
     try:
-        vm = data.get("vm")
+        gpus = data.get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+            raise ValueError("gpus is not a list of objects")
+        jobs = data.get("jobs") or []
+        if not isinstance(jobs, list):
+            raise ValueError("jobs is not a list")
         return Record(
-            time=parse_time(str(data["time"])), event=data["event"], node=data["node"],
-            vm=None if vm is None else int(vm), host=data.get("host"),
-            gpus=tuple({str(k): str(v) for k, v in g.items()} for g in data.get("gpus") or ()),
-            jobs=tuple(int(j) for j in data.get("jobs") or ()), reason=data.get("reason"),
-            program=str(data.get("program") or ""), cluster=str(data.get("cluster") or ""),
-            state=data.get("state"), action=data.get("action"), pid=data.get("pid"),
+            time=parse_time(_text(data, "time", required=True)), event=data["event"], node=data["node"],
+            vm=_whole(data.get("vm"), "vm"), host=_text(data, "host"),
+            gpus=tuple({str(k): str(v) for k, v in g.items()} for g in gpus[:MOST_GPUS]),
+            jobs=tuple(_whole(j, "a job id") for j in jobs[:MOST_JOBS]), reason=_text(data, "reason"),
+            program=_text(data, "program") or "", cluster=_text(data, "cluster") or "",
+            state=_text(data, "state"), action=_text(data, "action"), pid=_whole(data.get("pid"), "pid"),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ValueError(f"malformed usage record: {exc}") from None
+
+
+def _whole(value: Any, what: str) -> Any:
+    """A record's whole number (a VM id, a job id, a pid): a JSON integer of at most 2**63, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"{what} is not a whole number")
+    return value
+
+
+def _text(data: Mapping[str, Any], key: str, required: bool = False) -> Any:
+    """A record's text field: a string (cut to its bound) or, unless required, absent."""
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{key} is not text")
+    return value[:REASON_LENGTH if key == "reason" else FIELD_LENGTH]
 
 
 def read_records(lines: Iterable[str]) -> tuple[list[Record], list[tuple[int, str]]]:

@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from .backoff import Backoff
-from .booting import Boot, Step, collect_calls, judge, not_ready_up, set_addresses
+from .booting import Boot, Step, collect_calls, not_ready_up, set_addresses
 from .direct import Direct
 from .errors import CloudError, TransientCloudError, first_line
 from .gate import Gate
@@ -31,6 +31,7 @@ from .operation import (
 from .pacing import Pacer, Waves, pending_floor, placing
 from .placement import jobs_first
 from .plan import Plan, extra_template, plan_resume
+from .protect import Guard
 
 log = logging.getLogger(__name__)
 PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
@@ -75,7 +76,7 @@ class _Resume:
         self.outcome = outcome
         self.removals = Removals(ctx.cloud, Patience.of(ctx), ctx.recorder)
         self.templates: dict[int, tuple[int, dict[str, Any]]] = {}  # id(nodeset) -> (template id, CONTEXT)
-        self.gate = Gate(ctx, jobs)
+        self.gate, self.guard = Gate(ctx, jobs), Guard(ctx, jobs)
         self.direct = Direct(ctx, self.gate, jobs)  # node sets with placement = "direct" (direct.py)
         self.boots: dict[str, Boot] = {}
         self.pool = ThreadPoolExecutor(max_workers=ctx.config.opennebula.max_parallel)
@@ -142,10 +143,10 @@ class _Resume:
     # -- capacity, cooldown and job policy, before anything is created --
 
     def _cooldown(self, boots: list[Boot]) -> list[Boot]:
-        """Hand back at once the nodes of node sets in their shortage cooldown, unless GPUs came back."""
+        """Hand back at once the nodes of node sets protected or in their shortage cooldown (unless GPUs came back)."""
         for nodeset in {id(b.nodeset): b.nodeset for b in boots}.values():
             mine = [b.node for b in boots if b.nodeset is nodeset]
-            reason = self.gate.cooling(nodeset, len(mine))
+            reason = self.guard.holding(nodeset) or self.gate.cooling(nodeset, len(mine))
             if reason is not None:
                 hand_back(self.ctx, self.outcome, mine, reason)
                 boots = [b for b in boots if b.nodeset is not nodeset]
@@ -234,7 +235,7 @@ class _Resume:
                 raise
             ctx.recorder.record("removed", boot.node, old, action=action)
         tid, context = self.templates[id(boot.nodeset)]
-        extra = extra_template(ctx.cluster, boot.node, jobs, context)
+        extra = extra_template(ctx.cluster, boot.node, jobs, context, self.gate.placing.get(id(boot.nodeset)))
         if direct:
             return self.direct.start(boot, plan, tid, extra)
         result: int = timed("instantiate", boot.node, None, lambda: ctx.cloud.instantiate(tid, boot.node, extra))
@@ -264,9 +265,7 @@ class _Resume:
             moved = self.direct.displaced(known)
             unplaced: list[tuple[Boot, Vm]] = []
             not_ready: list[Boot] = []
-            for boot in known:
-                vm = snapshot.get(boot.vm_id if boot.vm_id is not None else -1)
-                verdict = judge(ctx, self.jobs, boot, vm, now, boot.node in moved)
+            for boot, vm, verdict in self.guard.judged(known, snapshot, now, failures, self.waves, moved):
                 if verdict.step is Step.DONE:
                     self.outcome.done.append(boot.node)
                 elif verdict.step in (Step.RECREATE, Step.MOVE):
@@ -282,7 +281,7 @@ class _Resume:
             for reason, placeless in self.gate.unplaced_all(unplaced).items():
                 failures[reason].extend(placeless)
             if not_ready:
-                not_ready_up(ctx, self.outcome, not_ready, failures)
+                not_ready_up(ctx, self.outcome, not_ready, failures, self.guard.note)
             for reason, failed in failures.items():
                 self._give_up(failed, snapshot, reason)
             if failures:

@@ -14,10 +14,12 @@ from typing import Any
 
 from . import __version__
 from .config import Config, NodeSet
+from .domains import Topology, topology
 from .errors import CloudError, TransientCloudError, first_line
 from .hostlists import fold
 from .model import Pci
 from .operation import Cloud
+from .template import DEFAULT_GPU_VENDOR, gpus_of
 
 PROGRAMS = {"ResumeProgram": "slurm-nebula-resume", "SuspendProgram": "slurm-nebula-suspend",
             "ResumeFailProgram": "slurm-nebula-resume-fail"}
@@ -40,12 +42,19 @@ class Shape:
     memory_mb: int
     gpus: int
     source: str
+    gpu_vendor: str = ""  # PCI vendor id of the GPUs when known and the same for all ("10de": NVIDIA)
+    gpu_profile: str = ""  # the vGPU (or MIG-backed vGPU) profile the GPUs are made with, if any
+
+
+def gpu_entries(pci: Any) -> list[Pci]:
+    """The GPUs among a template's PCI entries (CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC)."""
+    devices = pci if isinstance(pci, list) else [pci] if isinstance(pci, dict) else []
+    return [entry for entry in (Pci.from_entry(d) for d in devices if isinstance(d, dict)) if entry.is_gpu]
 
 
 def pci_gpus(pci: Any) -> int:
-    """GPUs among a template's PCI entries (CLASS 03xx, a vGPU PROFILE or a GPU vendor; not TYPE=NIC)."""
-    devices = pci if isinstance(pci, list) else [pci] if isinstance(pci, dict) else []
-    return sum(1 for device in devices if isinstance(device, dict) and Pci.from_entry(device).is_gpu)
+    """How many GPUs a template's PCI entries ask for."""
+    return len(gpu_entries(pci))
 
 
 def _number(value: Any) -> float | None:
@@ -61,7 +70,11 @@ def template_shape(template: Mapping[str, Any], tid: int) -> Shape:
     """The Shape of a VM built from this template (oned gives one vCPU when VCPU is unset)."""
     vcpu = _number(template.get("VCPU", 1)) or 1
     memory = _number(template.get("MEMORY", 0)) or 0
-    return Shape(int(vcpu), int(memory), pci_gpus(template.get("PCI")), f"template {tid}")
+    gpus = gpu_entries(template.get("PCI"))
+    vendors = {gpu.vendor.lower() for gpu in gpus}
+    profiles = {gpu.profile for gpu in gpus}
+    return Shape(int(vcpu), int(memory), len(gpus), f"template {tid}",
+                 vendors.pop() if len(vendors) == 1 else "", profiles.pop() if len(profiles) == 1 else "")
 
 
 def options_shape(nodeset: NodeSet) -> Shape | None:
@@ -69,7 +82,10 @@ def options_shape(nodeset: NodeSet) -> Shape | None:
     opts = nodeset.options
     if "vcpu" not in opts or "memory_mb" not in opts:
         return None
-    return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), int(opts.get("gpus", 0)), "node set options")
+    gpus = gpus_of(nodeset)
+    return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), gpus, "node set options",
+                 str(opts.get("gpu_vendor", DEFAULT_GPU_VENDOR)).lower() if gpus else "",
+                 str(opts.get("gpu_profile", "")) if gpus else "")
 
 
 def read_shapes(config: Config, cloud: Cloud, unreachable_raises: bool = False
@@ -171,7 +187,8 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
         lines += ["# a job whose node never registers by ResumeTimeout is requeued, not ended (25.05+; merge "
                   "with your SchedulerParameters)", "SchedulerParameters=requeue_on_resume_failure"]
     if any(shape.gpus for _, shape in shapes):
-        lines.append("GresTypes=gpu")
+        lines += ["# the GPUs' devices go in gres.conf beside slurm.conf: slurm-nebula-power slurm-conf --gres-conf",
+                  "GresTypes=gpu"]
     partitions: dict[str, list[str]] = {}
     for nodeset, shape in shapes:
         lines += [f"# {nodeset.nodes_expr}: {shape.source} ({nodeset.template!r}): {shape.vcpus} vCPU, "
@@ -180,4 +197,34 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
         partitions.setdefault(partition_of(nodeset, shape), []).extend(nodeset.nodes)
     for name, nodes in partitions.items():
         lines.append(f"PartitionName={name} Nodes={fold(nodes)} MaxTime=INFINITE State=UP")
+    domains = config_topology(config, version)
+    if domains is not None:
+        where = config.slurm.slurm_conf.parent / "topology.conf" if config.slurm.slurm_conf else "topology.conf"
+        lines += [f"# the node sets' domains as Slurm {domains.plugin.split('/')[1]}s: a job Slurm keeps in one runs "
+                  f"in one domain; write topology.conf with: slurm-nebula-power slurm-conf --topology > {where}",
+                  *([f"# {domains.note}"] if domains.note else []), f"TopologyPlugin={domains.plugin}"]
     return lines
+
+
+def config_topology(config: Config, version: tuple[int, int] | None) -> Topology | None:
+    """The topology of the configured node sets' domains (domains.topology), or None when no node set has one."""
+    if not any(ns.domain for ns in config.nodesets):
+        return None
+    domains: dict[str, list[str]] = {}
+    for nodeset in config.nodesets:
+        if nodeset.domain is not None:
+            domains.setdefault(nodeset.domain, []).extend(nodeset.nodes)
+    return topology(domains, [node for ns in config.nodesets if ns.domain is None for node in ns.nodes], version)
+
+
+def topology_conf(config: Config, version: tuple[int, int] | None) -> list[str]:
+    """topology.conf for the node sets' domains (`slurm-conf --topology`); [] when no node set has one."""
+    found = config_topology(config, version)
+    if found is None:
+        return []
+    release = "an unknown Slurm (tree: every release takes it)" if version is None else \
+        f"Slurm {version[0]}.{version[1]:02d}"
+    return [f"# topology.conf from slurm-nebula-power {__version__} for {config.path}, {release}",
+            f"# one {'block' if found.plugin.endswith('block') else 'switch'} per domain ([opennebula] "
+            f"domain_attribute {config.opennebula.domain_attribute}), one for the nodes without a domain",
+            *([f"# {found.note}"] if found.note else []), *found.lines]

@@ -41,6 +41,12 @@ class SlurmControl(Protocol):
         """Those of these nodes whose slurmd has registered and that serve jobs now (none when Slurm cannot
         be asked)."""
 
+    def set_drain(self, nodes: Sequence[str], reason: str | None) -> None:
+        """Drain nodes with a reason (their jobs finish, no new one starts), or undrain them (reason None)."""
+
+    def set_down(self, nodes: Sequence[str], reason: str) -> None:
+        """Mark nodes whose guest is gone DOWN, so their jobs requeue without waiting for the dead slurmd."""
+
 
 # Base states of a node that serves jobs (scontrol's State= before the first '+').
 UP_STATES = ("IDLE", "ALLOCATED", "MIXED", "COMPLETING")
@@ -253,6 +259,30 @@ class Scontrol:
             names = fold(nodes[start:start + BATCH])
             self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
 
+    def set_drain(self, nodes: Sequence[str], reason: str | None) -> None:
+        """State=DRAIN with Reason="nebula: <reason>": running jobs finish, no new job starts, and an idle
+        drained node is powered down as any idle node (SuspendTime; SuspendExcStates can exclude DRAIN from
+        23.02), which idle_on_node_suspend undrains. reason None: State=UNDRAIN (our drain is over; the
+        node keeps any other state). Checked against the real slurmctld 22.05, 24.11 and 26.05
+        (tests/test_e2e_maintenance.py)."""
+        text = printable(REASON_PREFIX + (reason or ""))[:200]
+        for start in range(0, len(nodes), BATCH):
+            names = fold(nodes[start:start + BATCH])
+            if reason is None:
+                self.update(f"NodeName={names}", "State=UNDRAIN")
+            else:
+                self.update(f"NodeName={names}", "State=DRAIN", f"Reason={text}")
+
+    def set_down(self, nodes: Sequence[str], reason: str) -> None:
+        """State=DOWN with Reason="nebula: <reason>", for nodes whose guest died under a job (its VM UNKNOWN or
+        POWEROFF): the job is requeued and completes at once. A hand-back alone (POWER_DOWN_FORCE) requeues
+        it too, but it then stays COMPLETING, waiting for the dead slurmd's epilog until SlurmdTimeout (300 s
+        stock), and cannot start again meanwhile (22.05, tests/test_e2e_maintenance.py). The caller hands
+        the node back after this, which returns it to the cloud pool (idle_on_node_suspend clears DOWN)."""
+        text = printable(REASON_PREFIX + reason)[:200]
+        for start in range(0, len(nodes), BATCH):
+            self.update(f"NodeName={fold(nodes[start:start + BATCH])}", "State=DOWN", f"Reason={text}")
+
     def registered(self, nodes: Sequence[str]) -> set[str]:
         """Those of these nodes that serve jobs now (one `scontrol show node`); none when it fails."""
         try:
@@ -344,6 +374,15 @@ class PrintedSlurm:
     def confirm_addresses(self, addresses: Mapping[str, str]) -> list[str]:
         """No controller: nothing was lost."""
         return []
+
+    def set_drain(self, nodes: Sequence[str], reason: str | None) -> None:
+        """Show the drain (or undrain)."""
+        self._show(f"NodeName={fold(nodes)}", *(["State=UNDRAIN"] if reason is None else
+                                                ["State=DRAIN", f"Reason={REASON_PREFIX}{reason}"]))
+
+    def set_down(self, nodes: Sequence[str], reason: str) -> None:
+        """Show the DOWN."""
+        self._show(f"NodeName={fold(nodes)}", "State=DOWN", f"Reason={REASON_PREFIX}{reason}")
 
     def hand_back(self, nodes: Sequence[str], reason: str) -> None:
         """Show the hand-back."""

@@ -1,4 +1,5 @@
-"""The one slurm.conf reader: parameters, NodeName lines, Include files (for config, check, prolog, status)."""
+"""The one slurm.conf reader: parameters, NodeName lines, Include files (for config, check, prolog, status); and
+the gres.conf beside it (for check)."""
 
 from __future__ import annotations
 
@@ -133,29 +134,106 @@ def _node_line(conf: SlurmConf, keys: dict[str, str], default: dict[str, str]) -
         conf.nodes[name] = {**default, **keys}
 
 
+_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII digits: str.isdigit() takes "²", which int() refuses
+
+
+def count(text: str | None) -> int | None:
+    """A node line's count (CPUs=, RealMemory=, ...) as a number, or None when it is not one."""
+    return int(text) if text and _COUNT.fullmatch(text) else None
+
+
 def node_cpus(keys: Mapping[str, str]) -> int:
     """CPUs of a NodeName line: CPUs=, else boards x sockets x cores x threads (Slurm's defaults: 1)."""
-    if keys.get("cpus", "").isdigit():
-        return int(keys["cpus"])
+    cpus = count(keys.get("cpus"))
+    if cpus is not None:
+        return cpus
     product = 1
     sockets = keys.get("sockets") or keys.get("socketsperboard") or "1"
     for value in (keys.get("boards", "1"), sockets, keys.get("corespersocket", "1"),
                   keys.get("threadspercore", "1")):
-        product *= int(value) if value.isdigit() else 1
+        product *= count(value) or 1
     return product
 
 
 def gres_gpus(gres: str) -> int:
     """GPUs in a Gres= value: `gpu:2`, `gpu:h100:1`, `gpu:a100:2(S:0-1),nic:1` (count suffixes K/M/G)."""
-    total = 0
+    return sum(gres_gpu_types(gres).values())
+
+
+def gres_gpu_types(gres: str) -> dict[str, int]:
+    """The GPUs of a Gres= value by type ("" untyped): `gpu:h100:2,gpu:1` -> {"h100": 2, "": 1}."""
+    types: dict[str, int] = {}
     for item in re.split(r",(?![^(]*\))", gres):
         parts = re.sub(r"\(.*\)", "", item).strip().split(":")
         if not parts or parts[0].lower() != "gpu":
             continue
-        count = parts[-1] if len(parts) > 1 else "1"
-        match = re.fullmatch(r"(\d+)([kKmMgG]?)", count)
-        if match:
-            total += int(match.group(1)) * UNITS[match.group(2).lower()]
-        else:
-            total += 1  # gpu:h100 (type without count) means one
-    return total
+        match = re.fullmatch(r"(\d+)([kKmMgG]?)", parts[-1]) if len(parts) > 1 else None
+        # gpu:h100 (a type without a count) means one
+        kind = ":".join(parts[1:-1] if match else parts[1:])
+        count = int(match.group(1)) * UNITS[match.group(2).lower()] if match else 1
+        types[kind] = types.get(kind, 0) + count
+    return types
+
+
+# ---- reading gres.conf --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GresLine:
+    """One gres.conf line: the nodes it names (None: no NodeName, so every node) and its lower-case keys."""
+
+    nodes: frozenset[str] | None
+    keys: Mapping[str, str]
+
+    def covers(self, node: str) -> bool:
+        """The line applies to this node."""
+        return self.nodes is None or node in self.nodes
+
+
+@dataclass
+class GresConf:
+    """The lines of a gres.conf (the one beside slurm.conf, as slurmctld and configless slurmd read it)."""
+
+    path: Path
+    lines: list[GresLine] = field(default_factory=list)
+
+    def gpu_lines(self, node: str) -> list[GresLine]:
+        """The Name=gpu lines that apply to a node."""
+        return [line for line in self.lines if line.keys.get("name", "").lower() == "gpu" and line.covers(node)]
+
+    def autodetect(self, node: str) -> str:
+        """The AutoDetect that applies to a node, lower case: its own line's, else the global one, else ''."""
+        own = [line.keys["autodetect"] for line in self.lines
+               if "autodetect" in line.keys and line.nodes is not None and node in line.nodes]
+        shared = [line.keys["autodetect"] for line in self.lines if "autodetect" in line.keys and line.nodes is None]
+        return (own or shared or [""])[-1].lower()
+
+
+def read_gres_conf(path: Path) -> GresConf | None:
+    """Parse gres.conf: NodeName (a hostlist, or none for every node), Name, Type, File, Count, AutoDetect...;
+    None when there is no such file."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read gres.conf: {exc.strerror}; run check as root or as SlurmUser "
+                          "on the slurmctld host") from None
+    conf = GresConf(path)
+    for line in _logical_lines(text):
+        try:
+            tokens = shlex.split(line)
+        except ValueError:
+            continue
+        keys = {k.lower(): v for k, sep, v in (t.partition("=") for t in tokens) if sep}
+        if not keys:
+            continue
+        nodes: frozenset[str] | None = None
+        if "nodename" in keys:
+            try:
+                nodes = frozenset(expand(keys.pop("nodename")))
+            except HostlistError:
+                log.warning("%s: a NodeName that is not a hostlist this tool reads; line skipped", path)
+                continue
+        conf.lines.append(GresLine(nodes, keys))
+    return conf

@@ -13,6 +13,7 @@ from .drift import Diagnosis, NodeView, diagnose, survey
 from .errors import CloudError, first_line
 from .model import ACTIVE, STATE_NAMES, cell, lcm_name, printable
 from .operation import Cloud
+from .protectlog import ProtectLog
 from .shapes import PROLOG
 from .slurm import NodeState
 from .slurmconf import read_if_any
@@ -75,9 +76,22 @@ def table_rows(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | N
                nodes: Sequence[str] | None = None,
                now: Callable[[], float] = time.time) -> list[dict[str, Any]]:
     """Survey and diagnose: the rows of the status table."""
-    views = survey(config, cloud, states, nodes)
+    views = survey(config, cloud, states, nodes, hosts=True)
     when = now()
-    return [row(v, diagnose(v, when, config.power.reconcile_grace, states is not None), when) for v in views]
+    rows = [row(v, diagnose(v, when, config.power.reconcile_grace, states is not None), when) for v in views]
+    protected = protected_sets(config, when)
+    for entry in rows:
+        if entry["nodeset"] in protected:
+            entry["problems"].append(protected[entry["nodeset"]])
+    return rows
+
+
+def protected_sets(config: Config, now: float) -> dict[str, str]:
+    """Node set -> what status says of it while it is in protected mode (protectlog.py)."""
+    store, period = ProtectLog(config.power.lock_dir), config.power.protect_for
+    found = {ns.nodes_expr: store.read(ns.nodes_expr) for ns in config.nodesets}
+    return {nodes: f"{state.summary(now, period)}: {state.fix}" for nodes, state in found.items()
+            if state is not None and state.active(now, period)}
 
 
 def placement_line(config: Config) -> str:

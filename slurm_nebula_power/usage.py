@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import UsageError
-from .files import open_file
+from .files import UnsafeFile, open_file
 from .hostlists import fold
 from .model import DONE, Vm, cell, printable
 from .records import Record, read_records
@@ -111,6 +111,7 @@ def audit_files(path: Path) -> list[Path]:
     return files + ([path] if path.exists() else [])
 
 
+_ID = re.compile(r"[0-9]{1,19}")  # a job or VM id as a row's key, sorted as a number
 LINE_BYTES = 16 << 10  # a record is under 4 KiB; a longer line is not one, and is skipped unread
 FILE_BYTES = 4 << 30  # bytes read of one file at most, after decompression (a .gz may be a bomb)
 
@@ -148,6 +149,12 @@ def read_audit(paths: Sequence[Path]) -> tuple[list[Record], list[str]]:
             fd = open_file(path, os.O_RDONLY, any_owner=True)
             with os.fdopen(fd, "rb") as raw, (gzip.open(raw) if path.suffix == ".gz" else raw) as handle:
                 found, bad = read_records(_lines(handle, problems, path))  # type: ignore[arg-type]
+        except UnsafeFile as exc:
+            # not "remove it" (files.py's fix for a file planted where a program writes): the path may be
+            # what the operator typed, /dev/null or a directory
+            why = str(exc.strerror).removeprefix(f"{path} ").removesuffix(": remove it")
+            raise UsageError(f"{path}: cannot read the usage records: it {why}; name the record file itself "
+                             "(log.audit_file or a rotated copy of it)") from None
         except (OSError, EOFError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
             raise UsageError(f"{path}: cannot read the usage records: {why}; check the path and that you may "
@@ -227,7 +234,8 @@ def summarize(found: Sequence[Interval], group: str, since: float | None, until:
             row(str(interval.vm)).add(interval, start, end)
 
     def order(item: Row) -> tuple[int, int, str]:
-        return (0, int(item.key), "") if item.key.isdigit() else (1, 0, item.key)
+        # ASCII digits only: a host named "²" is a digit to str.isdigit() and not to int()
+        return (0, int(item.key), "") if _ID.fullmatch(item.key) else (1, 0, item.key)
 
     return sorted(rows.values(), key=order)
 

@@ -4,7 +4,8 @@
 ResumeFailProgram are the installed console scripts, a `nebula-power.toml` beside its slurm.conf (found the
 way production finds it: through the SLURM_CONF slurmctld passes), and an in-process simulator whose hooks
 play the guest: `on_running` starts `slurmd -b -N <VM name>` in a network namespace of its own at the VM's
-IP (tests/vmnet.py), `on_stopped` stops that slurmd (and so the namespace). slurm.conf gives the nodes no
+IP (tests/vmnet.py), `on_stopped` stops that slurmd and then kills whatever else runs in its namespace
+(slurmstepd, the job's processes), as a powered-off guest loses them. slurm.conf gives the nodes no
 NodeAddr, so slurmctld reaches a VM's slurmd (127.0.1.x) only through the NodeAddr our resume sets from the
 VM's lease (or, from 23.11, the address it registers from: the same).
 
@@ -89,6 +90,26 @@ def pid_of(node):
     except (OSError, ValueError):
         return None
     return pid if comm.startswith("slurmd") else None
+def namespace_of(pid):
+    """The guest's network namespace (None for the hook's own: never a namespace to empty)."""
+    try:
+        ns = os.readlink(f"/proc/{{pid}}/ns/net")
+    except OSError:
+        return None
+    return None if ns == os.readlink("/proc/self/ns/net") else ns
+def guest_processes(ns):
+    """Every process left in the guest's network namespace: slurmd's slurmstepds and the jobs' processes
+    outlive slurmd, and a later guest of the same name would find the old job still running ("Duplicate
+    jobid"), which no powered-off VM leaves behind."""
+    found = []
+    for entry in os.listdir("/proc") if ns else ():
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.readlink(f"/proc/{{entry}}/ns/net") == ns:
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
 with open(LOG, "a") as log:
     if event == "running":
         if os.path.exists(os.path.join(HOOK_DIR, "no-slurmd-" + node)):
@@ -101,6 +122,7 @@ with open(LOG, "a") as log:
             note(action="slurmd", rc=rc, hostname=context.get("SET_HOSTNAME"), addr_at_boot=addr)
     else:
         pid = pid_of(node)
+        ns = namespace_of(pid) if pid else None
         if pid:
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 5
@@ -108,7 +130,13 @@ with open(LOG, "a") as log:
                 time.sleep(0.05)
             if pid_of(node) == pid:
                 os.kill(pid, signal.SIGKILL)
-        note(action="stopped slurmd" if pid else "no slurmd", pid=pid)
+        rest = guest_processes(ns)
+        for other in rest:
+            try:
+                os.kill(other, signal.SIGKILL)
+            except OSError:
+                pass
+        note(action="stopped slurmd" if pid else "no slurmd", pid=pid, killed=len(rest))
 '''
 
 

@@ -66,6 +66,68 @@ class RealOned:
         """The dummy VMM driver's switches: a file `deploy` holding `failure` fails every deploy."""
         return self.root / "dummy_actions"
 
+    def force_vm_state(self, vm_id: int, state: str) -> None:
+        """Make the dummy monitor report a VM in `state` from now on, as a hypervisor would: POWEROFF (its qemu
+        killed: oned moves a RUNNING VM to POWEROFF) or FAILURE (oned: UNKNOWN). oned ignores the report
+        until the VM has been in its state for 30 s; it comes every STATE_VM period (5 s)."""
+        import xml.etree.ElementTree as ET
+        import xmlrpc.client
+
+        text = xmlrpc.client.ServerProxy(self.endpoint).one.vm.info(self.auth, vm_id)[1]
+        host = ET.fromstring(text).findall("HISTORY_RECORDS/HISTORY/HID")[-1].text
+        with (self.root / "forced_vm_states").open("a") as states:
+            states.write(f"{host} {vm_id} {state}\n")
+
+    def unforce(self) -> None:
+        """Stop reporting forced VM states."""
+        (self.root / "forced_vm_states").unlink(missing_ok=True)
+
+    def host_status(self, name: str, status: str) -> None:
+        """`onehost enable|disable|offline NAME`."""
+        import xmlrpc.client
+
+        server = xmlrpc.client.ServerProxy(self.endpoint)
+        code = {"enable": 0, "disable": 1, "offline": 2}[status]
+        answer = server.one.host.status(self.auth, self.host_id(name), code)
+        assert answer[0], answer
+
+    def host_states(self) -> dict[str, int]:
+        """Host name -> STATE (2 MONITORED, 4 DISABLED, 8 OFFLINE, 0 INIT...)."""
+        import xml.etree.ElementTree as ET
+        import xmlrpc.client
+
+        pool = ET.fromstring(xmlrpc.client.ServerProxy(self.endpoint).one.hostpool.info(self.auth)[1])
+        return {h.findtext("NAME") or "": int(h.findtext("STATE") or -1) for h in pool.iterfind("HOST")}
+
+    def enable_hosts(self, timeout: float = 60) -> None:
+        """`onehost enable` every host that is not MONITORED (enabling one that is would send it through INIT,
+        where it takes no VM until its next monitoring), then wait until every host is MONITORED."""
+        import time
+
+        for name, state in self.host_states().items():
+            if state in (4, 8):
+                self.host_status(name, "enable")
+        deadline = time.monotonic() + timeout
+        while any(state != 2 for state in self.host_states().values()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"hosts not MONITORED within {timeout} s: {self.host_states()}")
+            time.sleep(0.3)
+
+    def host_update(self, name: str, text: str) -> None:
+        """`onehost update NAME --append` with this template text (e.g. NVLINK_DOMAIN = "nvl-a")."""
+        import xmlrpc.client
+
+        answer = xmlrpc.client.ServerProxy(self.endpoint).one.host.update(self.auth, self.host_id(name), text, 1)
+        assert answer[0], answer
+
+    def host_id(self, name: str) -> int:
+        """A host's id by its name."""
+        import xml.etree.ElementTree as ET
+        import xmlrpc.client
+
+        pool = ET.fromstring(xmlrpc.client.ServerProxy(self.endpoint).one.hostpool.info(self.auth)[1])
+        return next(int(h.findtext("ID") or -1) for h in pool.iterfind("HOST") if h.findtext("NAME") == name)
+
     def stop(self) -> None:
         """Stop every process of the instance and remove its directory."""
         script("stop.sh", self.root)

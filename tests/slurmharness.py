@@ -101,6 +101,9 @@ def slurm_version(binaries: Mapping[str, str] | None = None) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+# Runs a command in a mount namespace whose /dev is a VM's with N GPU devices: `vm-devices.sh N ARGV...`.
+VM_DEVICES = Path(__file__).resolve().parent / "vm-devices.sh"
+
 PRIMARY_HOST, BACKUP_HOST = "ctl1", "ctl2"  # the controllers' hostnames with backup_controller
 BACKUP_ADDR = "127.0.0.3"  # the backup controller's address (its own network namespace)
 
@@ -326,11 +329,13 @@ class SlurmCluster:
         """Command that boots `node`: slurmd reporting a fresh boot time (-b), as a hook would run it."""
         return [self.binaries["slurmd"], "-b", "-N", node, "-f", str(self.conf)]
 
-    def guest_argv(self, node: str, addr: str) -> list[str]:
+    def guest_argv(self, node: str, addr: str, gpus: int = 0) -> list[str]:
         """slurmd_argv run as a VM would: in a network namespace of its own whose address is `addr` (and
         hostname `node`), so it registers from `addr` (tests/vmnet.py). From 23.11 slurmctld takes the
-        address a CLOUD node registers from as its NodeAddr (cloud_reg_addrs, the default)."""
-        return vmnet.guest_argv(addr, self.slurmd_argv(node), hostname=node)
+        address a CLOUD node registers from as its NodeAddr (cloud_reg_addrs, the default). With `gpus`, in a
+        mount namespace too whose /dev has that many GPUs, /dev/nvidia0... (tests/vm-devices.sh)."""
+        argv = self.slurmd_argv(node)
+        return vmnet.guest_argv(addr, [str(VM_DEVICES), str(gpus), *argv] if gpus else argv, hostname=node)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> SlurmCluster:
@@ -553,10 +558,11 @@ class SlurmCluster:
                                f"job {job_id} in {'/'.join(states)}")
 
     # ---- slurmd -------------------------------------------------------------------------------------
-    def start_slurmd(self, node: str, addr: str) -> int:
-        """Boot NODE as a VM at `addr`: start `slurmd -b -N NODE` in a network namespace of its own at that
-        address (guest_argv); returns its pid once the pid file names a live process."""
-        self._run(self.guest_argv(node, addr), what=f"slurmd {node} start")
+    def start_slurmd(self, node: str, addr: str, gpus: int = 0) -> int:
+        """Boot NODE as a VM at `addr` (with `gpus` GPU devices): start `slurmd -b -N NODE` in a network
+        namespace of its own at that address (guest_argv); returns its pid once the pid file names a live
+        process."""
+        self._run(self.guest_argv(node, addr, gpus), what=f"slurmd {node} start")
         pidfile = self.slurmd_pidfile(node)
         return wait_for(lambda: self._pid_from(pidfile), self.timeout, f"pid file {pidfile}")
 

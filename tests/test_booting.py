@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from slurm_nebula_power.booting import DONE, NOT_READY, RECREATE, UNPLACED, WAIT, Boot, Step, Verdict, judge
+from slurm_nebula_power.booting import DONE, NOT_READY, UNPLACED, WAIT, Boot, Step, Verdict, judge
 from slurm_nebula_power.model import ACTIVE, PENDING, RUNNING_LCM, Vm
 
 SHORTAGE = "Mon Nov 30 10:00:00 2026: Cannot allocate VM. Not enough capacity in hosts 0,1"
@@ -40,12 +40,17 @@ def vm(state: int = ACTIVE, lcm: int = RUNNING_LCM, ip: str | None = "127.0.1.7"
     ("running, waiting for READY", boot("ready"), vm(), 1.0, WAIT),
     ("ready", boot("ready"), vm(READY="YES"), 1.0, DONE),
     ("no READY by boot_timeout", boot("ready"), vm(), 200.0, NOT_READY),
-    ("vanished, an attempt left", boot(), None, 1.0, RECREATE),
+    ("vanished, an attempt left", boot(), None, 1.0, Verdict(Step.RECREATE, "VM vanished while booting")),
     ("vanished, none left", boot(attempts=1), None, 1.0, Verdict(Step.FAIL, "VM vanished while booting")),
+    ("failed to boot, an attempt left", boot(), vm(lcm=BOOT_FAILURE), 1.0,
+     Verdict(Step.RECREATE, "VM failed to boot (ACTIVE/BOOT_FAILURE)", boot_failure=True)),
     ("failed to boot, none left", boot(attempts=1), vm(lcm=BOOT_FAILURE), 1.0,
-     Verdict(Step.FAIL, "VM failed to boot (ACTIVE/BOOT_FAILURE)")),
+     Verdict(Step.FAIL, "VM failed to boot (ACTIVE/BOOT_FAILURE)", boot_failure=True)),
+    # PENDING past boot_timeout was never placed: the scheduler's or the cloud's doing, not a boot failure
     ("pending past boot_timeout", boot(), vm(PENDING, 0, None), 200.0,
      Verdict(Step.FAIL, "not up after boot_timeout 600s (PENDING)")),
+    ("placed, never running by boot_timeout", boot(), vm(lcm=2, ip=None), 200.0,
+     Verdict(Step.FAIL, "not up after boot_timeout 600s (ACTIVE/BOOT)", boot_failure=True)),
 ])
 def test_judge_gives_a_verdict_not_a_string(case: str, the_boot: Boot, the_vm: Vm | None, now: float,
                                             verdict: Verdict) -> None:

@@ -10,6 +10,7 @@ import os
 import pwd
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,13 +21,14 @@ import pytest
 from simfixtures import AUTH, fast_config
 from slurm_findings import finding
 from slurmharness import SlurmCommandError, as_power_actions, recording_program, rewrite_lines
-from support import Setup, make_setup
+from support import Setup, make_setup, run_env
 
 from opennebula_sim import Durations, SimConfig, TemplateSpec, default_hosts, running_simulator
 from slurm_nebula_power.cli import check
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.gres import generate_gres
 from slurm_nebula_power.shapes import PROGRAMS, generate, program_path, read_shapes
 
 NODESETS = """\
@@ -44,7 +46,7 @@ PROLOG = f"PrologSlurmctld={program_path('slurm-nebula-prolog')[0]}"  # slurm-co
 
 
 def good_site(sim, root: Path, nodesets: str = NODESETS) -> Setup:
-    """A deployment that passes: slurm.conf made by slurm-conf's generator, SlurmUser root."""
+    """A deployment that passes: slurm.conf and gres.conf made by slurm-conf's generators, SlurmUser root."""
     site = make_setup(root, sim.endpoint, AUTH, nodesets=nodesets)
     config = load_config(site.config, site.env)
     shapes = [(ns, shape) for ns, shape, _ in read_shapes(config, OneCloud(config.opennebula))]
@@ -52,6 +54,7 @@ def good_site(sim, root: Path, nodesets: str = NODESETS) -> Setup:
     conf = ["ClusterName=testcluster", "SlurmUser=root", *lines]
     assert PROLOG in conf
     (root / "slurm.conf").write_text("\n".join(conf) + "\n")
+    (root / "gres.conf").write_text("\n".join(generate_gres(config, shapes)) + "\n")
     return site
 
 
@@ -143,6 +146,9 @@ def test_templates_without_token_need_no_onegate_endpoint(tmp_path, capsys) -> N
      "slurm.conf gpu[05-06]: State=CLOUD but in no [[nodeset]]: resume refuses them"),
     ("SlurmUser=root", "SlurmUser=no-such-user",
      "slurm.conf SlurmUser: no-such-user does not exist on this host"),
+    # a digit to str.isdigit() that int() refuses made check a traceback (issue 22 item 1's bug class)
+    ("CPUs=8", "CPUs=\u00b2", "NodeName=gpu[01-04]: CPUs=\u00b2 is not a number -> fix: give CPUs in ASCII digits"),
+    ("RealMemory=62259", "RealMemory=\u00b2", "NodeName=gpu[01-04]: RealMemory=\u00b2 is not a number"),
 ])
 def test_slurm_conf_problem_is_found_with_its_fix(site, capsys, old: str, new: str, expected: str) -> None:
     edit(site.root / "slurm.conf", old, new)
@@ -594,6 +600,23 @@ def test_a_lock_audit_or_metrics_directory_others_can_write_is_a_problem_unless_
     assert f"writable by {who}, without the sticky bit" in line and f"chmod go-w {site.root}" in line
 
 
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_lock_audit_or_metrics_directory_another_user_owns_is_a_problem(site) -> None:
+    # The variant of the writable directory: its owner can write it whatever its mode (0755 passed), and
+    # files.py trusts the files of a file's directory's owner
+    nobody = pwd.getpwnam("nobody")
+    locks = site.root / "locks"
+    locks.mkdir(exist_ok=True)
+    os.chown(locks, nobody.pw_uid, nobody.pw_gid)
+    locks.chmod(0o755)
+    done = subprocess.run([str(Path(sys.executable).with_name("slurm-nebula-power")), "check", "--json"],
+                          env=run_env(site), capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    said = [f for f in json.loads(done.stdout) if f["level"] == "problem" and "owned by" in f["text"]]
+    assert [(f["subject"], f["fix"]) for f in said] == [(f"lock_dir {locks}", f"chown root {locks}")], said
+    assert said[0]["text"].startswith("owned by nobody, neither root nor SlurmUser")
+
 # ---- issue 25: what check passed and later failed -------------------------------------------------------
 
 WORKERS = """\
@@ -751,3 +774,52 @@ def test_an_administrator_may_deploy_and_the_scheduler_needs_no_grant(site, caps
     [right] = [f for f in found if f["subject"] == "OpenNebula user oneadmin deploy right"]
     assert (right["level"], right["text"]) == (
         "ok", 'may deploy: the user is in group oneadmin; no node set uses placement = "direct"')
+def _runs_as(user: pwd.struct_passwd, program: Path) -> bool:
+    """What the kernel says: whether user can start program (the ground truth check must agree with)."""
+    try:
+        done = subprocess.run([str(program)], user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/",
+                              env={}, capture_output=True, timeout=60)
+    except PermissionError:
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make directories the slurm user cannot enter")
+@pytest.mark.parametrize("layout", ["interpreter-linked-from-a-private-dir", "program-linked-into-a-private-dir",
+                                    "interpreter-linked-from-a-public-dir", "program-linked-from-a-public-dir"])
+def test_check_says_slurmuser_cannot_run_a_program_exactly_when_the_kernel_refuses_it(site, tmp_path,
+                                                                                       layout: str) -> None:
+    # The interpreter check looked at the link's target only (realpath): a venv made with the system's
+    # python3 in root's home (/root/venv/bin/python3 -> /usr/bin/python3) passed, and so did a program
+    # linked from /usr/local/bin to a script in root's home; the kernel searches the link's own directory
+    # too. Through the installed check, judged against what the kernel does when SlurmUser starts it.
+    try:
+        slurm = pwd.getpwnam("slurm")
+    except KeyError:
+        pytest.skip("needs the slurm user (Debian's slurmctld package makes it)")
+    private = tmp_path / "root-home"  # pytest's tmp_path is root's: the slurm user cannot enter it
+    private.mkdir(mode=0o700)
+    public = Path(tempfile.mkdtemp(prefix="snp-prog-", dir="/tmp"))
+    try:
+        public.chmod(0o755)
+        where = private if layout.startswith("interpreter-linked-from-a-private") else public
+        python = where / "python3"
+        python.symlink_to("/usr/bin/python3")  # the system's python3, which SlurmUser can run
+        script = (private if layout == "program-linked-into-a-private-dir" else public) / "resume-script"
+        script.write_text(f"#!{python}\nprint('resume')\n")
+        script.chmod(0o755)
+        program = script
+        if layout.startswith("program-linked"):
+            program = public / "slurm-nebula-resume"
+            program.symlink_to(script)
+        rewrite_lines(site.root / "slurm.conf", lambda lines: [
+            *(x for x in lines if not x.startswith("SlurmUser=")), "SlurmUser=slurm", f"ResumeProgram={program}"])
+        done = subprocess.run([str(Path(sys.executable).with_name("slurm-nebula-power")), "check", "--json"],
+                              env=run_env(site), capture_output=True, text=True, timeout=120)
+        said = [f for f in json.loads(done.stdout) if f["subject"] == "slurm.conf ResumeProgram"
+                and f["level"] == "problem" and "cannot run" in f["text"]]
+        runs = _runs_as(slurm, program)
+        assert runs == layout.endswith("public-dir"), "the layout does what its name says"
+        assert bool(said) == (not runs), (layout, said)
+    finally:
+        shutil.rmtree(public, ignore_errors=True)

@@ -15,7 +15,7 @@ from simfixtures import AUTH, vms_of
 from support import make_setup, run_env
 
 from slurm_nebula_power.cli.main import power_main, resume_fail_main, resume_main, suspend_main
-from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
+from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 
 PROGRAMS = ["slurm-nebula-resume", "slurm-nebula-suspend", "slurm-nebula-resume-fail", "slurm-nebula-power"]
 
@@ -181,3 +181,19 @@ def test_every_operator_command_answers_version(command: str) -> None:
                           timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"slurm-nebula-power {command} 0.1.0"
+
+
+def test_an_operator_command_that_fails_unexpectedly_exits_4_in_one_line(monkeypatch, capsys) -> None:
+    # A record `usage` could not parse once ended in a traceback and exit 1, which to usage, check and status
+    # means "problems found"; an unexpected error is exit 4 with its one line after the traceback.
+    from slurm_nebula_power.cli import main as cli_main
+
+    def broken(argv: list[str]) -> int:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setitem(cli_main.COMMANDS, "usage", (broken, "GPU-hours"))
+    assert power_main(["usage", "--no-cloud"]) == EXIT_INTERNAL
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1] == (
+        "slurm-nebula-power usage: error: internal error: cannot convert float infinity to integer (a bug: please "
+        "report it with the traceback above)")

@@ -781,3 +781,61 @@ def test_the_template_command_output_is_allocated_and_runs(backend: Backend, tmp
     assert (context["SLURM_NODENAME"], context["SET_HOSTNAME"], context["SLURM_CONTROLLER"]) == (
         "tg01", "tg01", "127.0.0.1:6817")
     assert vm_id in backend.gpus().values()
+
+
+# ---- hosts: attributes, SCHED_REQUIREMENTS, disable and offline (issue 26) -----------------------------------
+
+def _hosts(backend: Backend) -> dict[str, ET.Element]:
+    ok, body, *_ = backend.raw("one.hostpool.info")
+    assert ok, body
+    return {h.findtext("NAME") or "": h for h in ET.fromstring(body).iterfind("HOST")}
+
+
+def _wait_monitored(backend: Backend) -> None:
+    deadline = time.monotonic() + 60
+    while any(h.findtext("STATE") != "2" for h in _hosts(backend).values()):
+        assert time.monotonic() < deadline, {n: h.findtext("STATE") for n, h in _hosts(backend).items()}
+        time.sleep(0.3)
+
+
+def test_a_host_attribute_set_by_update_places_vms_through_sched_requirements(backend: Backend) -> None:
+    hosts = _hosts(backend)
+    name = sorted(hosts)[-1]
+    host_id = int(hosts[name].findtext("ID") or -1)
+    ok, answer, *_ = backend.raw("one.host.update", host_id, 'CONTRACT_DOMAIN = "nvl-x"', 1)  # onehost update --append
+    backend.cleanup(lambda: backend.raw("one.host.update", host_id, 'CONTRACT_DOMAIN = ""', 1))
+    assert ok and answer == host_id
+    assert _hosts(backend)[name].findtext("TEMPLATE/CONTRACT_DOMAIN") == "nvl-x"
+    assert _hosts(backend)[name].findtext("TEMPLATE/HOSTNAME"), "merged: the monitor's attributes kept"
+    # the product's extra template with a domain's requirement (what resume sends)
+    placed = backend.instantiate(extra=extra_template("contract", "dom1", [], {}, 'CONTRACT_DOMAIN = "nvl-x"'))
+    backend.wait(placed, "RUNNING")
+    [vm] = [v for v in vms_from_xml(backend.pool_text()) if v.id == placed]
+    assert vm.host == name and vm.user_template["SCHED_REQUIREMENTS"] == 'CONTRACT_DOMAIN = "nvl-x"'
+    # no host of that domain: PENDING, and oned says why (pending_timeout then hands the node back)
+    nowhere = backend.instantiate(extra=extra_template("contract", "dom2", [], {}, 'CONTRACT_DOMAIN = "nvl-none"'))
+    vm, _ = backend.wait(nowhere, lambda v: "SCHED_MESSAGE" in (v.USER_TEMPLATE or {}))
+    assert re.fullmatch(DATED.replace(".+", "Cannot dispatch VM: No host meets SCHED_REQUIREMENTS"),
+                        vm.USER_TEMPLATE["SCHED_MESSAGE"]), vm.USER_TEMPLATE["SCHED_MESSAGE"]
+    [parsed] = [v for v in vms_from_xml(backend.pool_text()) if v.id == nowhere]
+    assert parsed.unplaceable, "no dispatch wait: a shortage of hosts, judged at pending_timeout"
+
+
+@pytest.mark.parametrize(("status", "state"), [(1, "4"), (2, "8")])
+def test_a_disabled_or_offline_host_keeps_its_vm_and_takes_no_new_one(backend: Backend, status, state) -> None:
+    vm_id = backend.running(name="stays")
+    [vm] = [v for v in vms_from_xml(backend.pool_text()) if v.id == vm_id]
+    hosts = _hosts(backend)
+    host_id = int(hosts[vm.host].findtext("ID") or -1)
+    backend.cleanup(lambda: _wait_monitored(backend))
+    backend.cleanup(lambda: backend.raw("one.host.status", host_id, 0))  # onehost enable
+    ok, answer, *_ = backend.raw("one.host.status", host_id, status)  # onehost disable / offline
+    assert ok and answer == host_id
+    assert _hosts(backend)[vm.host].findtext("STATE") == state
+    time.sleep(6)  # a monitoring pass and a scheduler retry
+    assert state_str(backend.vm(vm_id)) == "RUNNING", "its VM keeps running"
+    assert [v.host for v in vms_from_xml(backend.pool_text()) if v.id == vm_id] == [vm.host]
+    others = [backend.running(name=f"new{i}") for i in range(3)]  # the 3 other hosts' GPUs
+    assert vm.host not in {v.host for v in vms_from_xml(backend.pool_text()) if v.id in others}
+    ok, answer, code, *_ = backend.raw("one.host.status", host_id, 7)
+    assert not ok and "Wrong status code" in answer and code == 0x2000  # INTERNAL, as RequestManagerHost.cc

@@ -28,7 +28,8 @@ def written_names(tmp_path) -> set[str]:
                                    gauges={"gpus_held": 1, "vms": 1}))
     write_metrics(path, RunFigures("reconcile", 1.0, drift=Counter({"orphan_vm": 1}),
                                    gauges={"gpus_free": 3, "gpus_total": 4, "drift_nodes": 1},
-                                   labelled={("gpus_held_by_slurm_state", "idle"): 1}))
+                                   labelled={("gpus_held_by_slurm_state", "idle"): 1,
+                                             ("nodeset_protected", "gpu[01-02]"): 0}))
     return {s.name for f in text_string_to_metric_families(path.read_text()) for s in f.samples}
 
 

@@ -89,3 +89,42 @@ def test_read_capped_reads_at_most_its_cap(tmp_path) -> None:
     path.write_bytes(b"x" * 11)
     with pytest.raises(UnsafeFile, match="larger than 10 bytes"):
         read_capped(path, 10)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the chown of a directory a root run makes")
+@pytest.mark.parametrize("made_by", ["lock directory", "shortage state", "log directory"])
+def test_a_directory_swapped_for_a_link_after_its_mkdir_gives_the_link_s_target_to_nobody(tmp_path, monkeypatch,
+                                                                                         made_by: str) -> None:
+    # issue 22 item 4's variant for directories: a root run made lock_dir (or the log's directory) and then
+    # chowned it to SlurmUser by path; a SlurmUser who swaps the new directory for a link in between (its
+    # parent, /var/lib/slurm or /var/log/slurm, is SlurmUser's) is given the link's target: /etc/shadow.
+    # The race is won here every time: mkdir is followed at once by the swap. (The log's directory is made
+    # by files.make_directory in cli/common.setup_logging.)
+    from slurm_nebula_power.cooldown import ShortageLog
+    from slurm_nebula_power.locks import NodeLocks
+
+    victim = tmp_path / "shadow"
+    victim.write_text("root:x:0:0\n")
+    victim.chmod(0o600)
+    target = tmp_path / "parent" / "made"
+    real = os.mkdir
+
+    def swapped(path, mode=0o777, *args, **kwargs):
+        real(path, mode, *args, **kwargs)
+        if os.fspath(path) == os.fspath(target):
+            os.rename(path, f"{path}.moved")
+            os.symlink(victim, path)
+
+    monkeypatch.setattr(os, "mkdir", swapped)
+    slurm = (65534, 65534)
+    if made_by == "lock directory":
+        with pytest.raises(Exception, match="replaced while it was made"), \
+                NodeLocks(target, ["gpu01"], wait=0, owner=slurm):
+            pass
+    elif made_by == "shortage state":
+        ShortageLog(target, owner=slurm).record("gpu[01-02]", "count", 0, "short", [])  # logged, never raised
+    else:
+        with pytest.raises(UnsafeFile, match="replaced while it was made"):
+            files.make_directory(target, slurm)
+    info = victim.stat()
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o600), "the link's target stays root's"

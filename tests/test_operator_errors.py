@@ -4,18 +4,20 @@ not the template's fault). Through the installed programs."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import socket
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from reliability_support import run_env, run_program, site
 from support import make_setup
 from test_cli import program
 
-from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_USAGE
+from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 
 
 class Closing:
@@ -70,8 +72,52 @@ def test_an_operator_command_against_a_down_endpoint_fails_fast_in_one_line(down
     error = [line for line in lines if ": error: " in line]
     assert len(error) == 1, lines
     assert f"cannot reach OpenNebula at {endpoint.endpoint}" in error[0]
+    assert done.stderr.count("cannot reach OpenNebula") == 1, "said once (reconcile's log said it again)"
     assert f"credentials: {setup.root / 'one_auth'}" in error[0] and str(setup.config) in error[0]
     assert endpoint.accepted <= 8, f"{endpoint.accepted} attempts: the retries of an interactive command"
+
+
+class Dropping:
+    """A loopback endpoint whose host drops every new connection, as a firewall or a host that is down:
+    a listener whose accept queue is full, so the kernel drops the SYNs of later connects."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.fillers = [socket.socket() for _ in range(3)]
+        for filler in self.fillers:
+            filler.setblocking(False)
+            filler.connect_ex(self.sock.getsockname())
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/RPC2"
+
+    def close(self) -> None:
+        for filler in self.fillers:
+            filler.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("command", [["status", "--no-slurm"], ["reconcile", "--dry-run"], ["slurm-conf"],
+                                     ["usage"]])
+def test_an_endpoint_whose_host_drops_packets_is_given_up_at_the_connect(tmp_path, command) -> None:
+    # A front end behind a firewall, or down on another host, answers no SYN: each operator command
+    # waited out the call's whole timeout (30 s) for the connect before its error line
+    endpoint = Dropping()
+    url = endpoint.endpoint
+    try:
+        setup = make_setup(tmp_path / "site", url, "oneadmin:secret-pw")
+        setup.config.write_text(setup.config.read_text().replace("\ntimeout = 5\n", "\ntimeout = 30\n"))  # stock
+        setup.audit.write_text("")
+        done = subprocess.run([program("slurm-nebula-power"), *command], env=run_env(setup), capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        endpoint.close()
+    assert done.returncode != 0
+    [error] = [line for line in done.stderr.splitlines() if ": error: " in line]
+    assert f"cannot reach OpenNebula at {url}" in error and "no connection within 5s" in error, error
 
 
 @pytest.mark.parametrize("command", [["status", "--no-slurm"], ["reconcile", "--dry-run"]])
@@ -141,3 +187,83 @@ def test_a_program_run_by_hand_at_a_terminal_shows_its_log_there(tmp_path, sim) 
     assert proc.wait(timeout=120) == 0
     assert b"summary: slurm-nebula-suspend gpu01: 1 done, 0 failed" in shown
     assert "summary: slurm-nebula-suspend gpu01: 1 done" in setup.log_text(), "and in the log file"
+
+
+@pytest.mark.parametrize("named", ["/dev/null", "directory", "symlink"])
+def test_usage_of_a_path_that_is_no_record_file_never_says_remove_it(tmp_path, sim, named: str) -> None:
+    # `usage --file /dev/null` said "/dev/null is not a regular file ...: remove it" (the fix files.py gives
+    # for a file planted where a program writes), and a directory typed by mistake got the same advice
+    setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
+    target = {"/dev/null": "/dev/null", "directory": str(tmp_path), "symlink": str(tmp_path / "link.jsonl")}[named]
+    if named == "symlink":
+        setup.audit.write_text("")
+        (tmp_path / "link.jsonl").symlink_to(setup.audit)
+    done = subprocess.run([program("slurm-nebula-power"), "usage", "--no-cloud", "--file", target],
+                          env=run_env(setup), capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"slurm-nebula-power usage: error: {target}: cannot read the usage records: it is ")
+    assert "remove" not in line and line.endswith("name the record file itself (log.audit_file or a rotated "
+                                                  "copy of it)"), line
+    assert Path(target).exists() or Path(target).is_symlink()
+
+
+def power(setup, *args: str) -> subprocess.CompletedProcess[str]:
+    """`slurm-nebula-power ARGS` as installed, as an administrator runs it (no terminal)."""
+    return subprocess.run([program("slurm-nebula-power"), *args], env=run_env(setup), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_template_names_every_missing_key_and_warns_of_gpus_slurm_conf_disagrees_on(tmp_path) -> None:
+    # issue 25, through the installed command: one missing key a run (six runs to find five keys), and a
+    # GPU node set printed with no PCI line and no warning
+    from test_template import GPU_SET
+    from test_template import site as template_site
+
+    setup = make_setup(tmp_path / "bare", "http://127.0.0.1:9/RPC2", "oneadmin:pw",
+                       nodesets='[[nodeset]]\nnodes = "gpu[01-04]"\ntemplate = "t"\n')
+    done = power(setup, "template")
+    assert done.returncode == EXIT_CONFIG and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert "nodeset[0]: missing vcpu, memory_mb, network, controller, munge_key_file; " in line
+    setup = template_site(tmp_path, GPU_SET)
+    (setup.root / "slurm.conf").write_text("ClusterName=testcluster\nNodeName=gpu[01-04] State=CLOUD Gres=gpu:1\n")
+    done = power(setup, "template")
+    assert done.returncode == EXIT_OK and "PCI = [" in done.stdout
+    assert "Gres=gpu:1, but nodeset[0]" in done.stderr and "gives the template 2 GPU(s)" in done.stderr
+    setup.config.write_text(setup.config.read_text().replace("gpus = 2\n", "gpus = 0\n"))
+    done = power(setup, "template")
+    assert done.returncode == EXIT_OK
+    assert "(no PCI line: its VMs get no GPU)" in done.stderr
+
+
+CHECK_CASES = {  # issue 25's `check passes what will fail`, each as the installed check sees it
+    "configless-lost": (lambda site: site.root / "slurm.conf", lambda text: text + "SlurmctldParameters="
+                        "enable_configless\nSlurmctldParameters=idle_on_node_suspend\n",
+                        "slurm.conf SlurmctldParameters", "only the last SlurmctldParameters line counts"),
+    "cluster-name": (lambda site: site.config, lambda text: text.replace("[slurm]\n", '[slurm]\ncluster = "prod"\n'),
+                     "[slurm] cluster", "is 'prod' but slurm.conf says ClusterName=testcluster"),
+    "context-without-controller": (None, None, "template 'slurm-h100' CONTEXT", "lacks SLURM_CONTROLLER"),
+}
+
+
+@pytest.mark.parametrize("case", CHECK_CASES)
+def test_the_installed_check_finds_what_passed_and_then_failed(tmp_path, case: str) -> None:
+    import re
+
+    from simfixtures import AUTH
+    from test_check import worker_site
+
+    from opennebula_sim import running_simulator
+
+    where, change, subject, text = CHECK_CASES[case]
+    drop = (lambda t: re.sub(r'\n  SLURM_CONTROLLER = "[^"]*",', "", t)) if where is None else None
+    setup, sim_config = worker_site(tmp_path, drop)
+    if where is not None:
+        where(setup).write_text(change(where(setup).read_text()))
+    with running_simulator(sim_config, auth=AUTH) as sim:
+        setup.config.write_text(setup.config.read_text().replace("http://127.0.0.1:9/RPC2", sim.endpoint))
+        done = power(setup, "check", "--json")
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    said = [f for f in json.loads(done.stdout) if subject in f["subject"] and text in f["text"]]
+    assert [f["level"] for f in said] == ["problem"], json.loads(done.stdout)

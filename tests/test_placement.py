@@ -34,7 +34,7 @@ def host(hid: int, free: int = 4, taken: int = 0, state: int = 2, cluster: int =
          **attrs: str) -> Host:
     attributes = (("ID", str(hid)), ("NAME", f"h{hid}"), ("CLUSTER_ID", str(cluster)), *attrs.items())
     return Host(id=hid, name=f"h{hid}", state=state, devices=gpus(free + taken, taken), cluster_id=cluster,
-                cpu_free=cpu, memory_free_kb=512 << 20, attributes=attributes)
+                cpu_free=cpu, memory_free_kb=512 << 20, searched=attributes)
 
 
 # ---- requirement expressions ---------------------------------------------------------------------------

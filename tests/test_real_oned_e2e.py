@@ -45,9 +45,10 @@ def context_file(oned, vm_id: int, path: Path) -> None:
 
 
 class Hypervisor:
-    """Watches oned; boots a RUNNING VM of ours (vm-boot) once, halts it (vm-halt) when it leaves RUNNING."""
+    """Watches oned; boots a RUNNING VM of ours (vm-boot) once, halts it (vm-halt) when it leaves RUNNING.
+    A subclass boots and halts otherwise (start_guest, stop_guest: test_real_oned_fleet.py)."""
 
-    def __init__(self, oned, boot: Path, halt: Path, vms: Path) -> None:
+    def __init__(self, oned, boot: Path | None = None, halt: Path | None = None, vms: Path | None = None) -> None:
         self.oned, self.boot, self.halt, self.vms = oned, boot, halt, vms
         self.booted: dict[int, str] = {}
         self.stopping = threading.Event()
@@ -63,18 +64,27 @@ class Hypervisor:
             for vm in vms.values():
                 if vm.running and vm.id not in self.booted and vm.context.get("SLURM_NODENAME") == vm.name:
                     self.booted[vm.id] = vm.name
-                    context = self.vms / f"context-{vm.id}"
-                    context_file(self.oned, vm.id, context)
-                    env = {**os.environ, "ONE_VM_ID": str(vm.id), "ONE_VM_NAME": vm.name,
-                           "ONE_VM_IP": vm.ip or "", "ONE_VM_CONTEXT": str(context)}
-                    subprocess.Popen(["/bin/sh", str(self.boot)], env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    self.start_guest(vm)
             for vm_id, name in list(self.booted.items()):
                 vm = vms.get(vm_id)
                 if vm is None or not vm.running:
                     del self.booted[vm_id]
-                    env = {**os.environ, "ONE_VM_ID": str(vm_id), "ONE_VM_NAME": name}
-                    subprocess.run(["/bin/sh", str(self.halt)], env=env, timeout=30)
+                    self.stop_guest(vm_id, name)
+
+    def start_guest(self, vm) -> None:
+        """The shipped worker bootstrap, with the CONTEXT oned gave the VM."""
+        assert self.vms is not None and self.boot is not None
+        context = self.vms / f"context-{vm.id}"
+        context_file(self.oned, vm.id, context)
+        env = {**os.environ, "ONE_VM_ID": str(vm.id), "ONE_VM_NAME": vm.name,
+               "ONE_VM_IP": vm.ip or "", "ONE_VM_CONTEXT": str(context)}
+        subprocess.Popen(["/bin/sh", str(self.boot)], env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop_guest(self, vm_id: int, name: str) -> None:
+        """Its daemons stop."""
+        env = {**os.environ, "ONE_VM_ID": str(vm_id), "ONE_VM_NAME": name}
+        subprocess.run(["/bin/sh", str(self.halt)], env=env, timeout=30)
 
     def stop(self) -> None:
         self.stopping.set()

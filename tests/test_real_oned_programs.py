@@ -19,10 +19,11 @@ from opsupport import show
 from reliability_support import run_program
 from support import Setup, make_setup
 
-from slurm_nebula_power.cli import check, status
+from slurm_nebula_power.cli import check, status, unprotect
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
+from slurm_nebula_power.gres import generate_gres
 from slurm_nebula_power.model import DONE, Vm, vms_from_xml
 from slurm_nebula_power.shapes import generate, read_shapes
 
@@ -211,9 +212,30 @@ def test_check_passes_against_the_real_oned(oned, site, capsys) -> None:
     assert [shape.gpus for _, shape in shapes] == [1, 0], "the template's PCI GPU is seen"
     conf = ["ClusterName=testcluster", "SlurmUser=root", *generate(config, shapes, (22, 5))]
     (site.root / "slurm.conf").write_text("\n".join(conf) + "\n")
+    (site.root / "gres.conf").write_text("\n".join(generate_gres(config, shapes)) + "\n")
     code = check.main(["--json"], site.env)
     found = json.loads(capsys.readouterr().out)
     problems = [f for f in found if f["level"] == "problem"]
     assert code == EXIT_OK and problems == [], problems
     assert any(f["subject"].startswith(f"OpenNebula {oned.endpoint}") and f"oned {oned.version}" in f["text"]
                for f in found)
+
+
+def test_a_template_that_boots_nothing_costs_three_vms_then_none_until_a_good_boot(oned, site, capsys) -> None:
+    # Protected mode (issue 26): Slurm resumes the requeued job's node again and again; the dummy driver fails
+    # every deploy. The first resume fails 2 VMs (recreate_attempts 1), the third failure protects the node set.
+    (oned.dummy_actions / "deploy").write_text("failure")
+    codes = [run_program(site, "resume", "gpu01", guard=120).returncode for _ in range(4)]
+    assert codes == [EXIT_NODES_FAILED] * 4
+    assert len([r for r in site.records() if r["event"] == "created"]) == 3, "3 VMs, then none"
+    reasons = [u[2] for u in site.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert reasons[0] == "Reason=nebula: VM failed to boot (ACTIVE/BOOT_FAILURE)"
+    assert all("protected after 3 boot failures" in r and "slurm-nebula-power unprotect gpu[01-05]" in r
+               for r in reasons[1:]), reasons
+    wait(lambda: not pool(oned), 60, "the failed VMs removed")
+    # The template fixed: the operator clears it, and the next boot works and leaves no state behind.
+    (oned.dummy_actions / "deploy").unlink()
+    assert unprotect.main(["gpu01"], site.env) == EXIT_OK
+    assert "protected mode cleared" in capsys.readouterr().out
+    assert run_program(site, "resume", "gpu01", guard=120).returncode == EXIT_OK
+    assert not list((site.root / "locks").glob("protect-*.json"))

@@ -7,6 +7,7 @@ the run still does its work.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -165,3 +166,73 @@ def test_a_suspend_of_5000_nodes_under_a_hard_limit_of_1024_files_does_what_fits
     assert done_count + failed_count == 5000 and 500 < done_count < 1024, summary
     assert "no descriptor left for its lock: the hard limit of open files (1024)" in setup.log_text()
     assert "api_error" not in summary and "OpenNebula" not in summary, "the API kept its descriptors"
+
+
+PLANTED_RECORDS = {  # what a writer of the audit directory can append: JSON of the right shape, wrong types
+    "vm-infinite": '"vm": 1e400', "vm-object": '"vm": {}', "vm-true": '"vm": true', "host-object": '"host": {"a": 1}',
+    "host-list": '"host": [1]', "job-infinite": '"jobs": [1e400]', "jobs-text": '"jobs": "7"',
+    "gpus-text": '"gpus": "abc"', "reason-number": '"reason": 5', "time-number": '"time": 5',
+}
+
+
+@pytest.mark.parametrize("field", PLANTED_RECORDS)
+def test_a_record_of_the_wrong_types_in_the_audit_file_is_a_warning_never_a_crash(setup, field: str) -> None:
+    # `usage` took int(1e400) (OverflowError), a host of {} (unhashable) or a deep nesting (RecursionError)
+    # as given: a traceback and exit 1, where a line that is not a record is a warning
+    assert run_program(setup, "resume", "gpu01", guard=60).returncode == EXIT_OK
+    good = setup.audit.read_text().splitlines()
+    record = json.loads(good[-1])
+    planted = json.dumps({k: v for k, v in record.items() if k not in ("vm", "host", "jobs", "gpus")})
+    planted = planted[:-1] + ", " + PLANTED_RECORDS[field] + "}"
+    if field == "time-number":
+        planted = planted.replace(f'"time": "{record["time"]}"', '"time": 5', 1)
+    with setup.audit.open("a") as audit:
+        audit.write(planted + "\n" + "[" * 15000 + "\n")
+    for by in ("host", "job", "vm"):
+        usage = subprocess.run([program("slurm-nebula-power"), "usage", "--by", by, "--no-cloud", "--json"],
+                               env=run_env(setup), capture_output=True, text=True, timeout=60)
+        assert usage.returncode == EXIT_OK and "Traceback" not in usage.stderr, (field, by, usage.stderr)
+        found = json.loads(usage.stdout)
+        assert len(found["unreadable_lines"]) == 2, found["unreadable_lines"]
+        assert sum(len(row["vms"]) for row in found["rows"]) == 1, "the good records still counted"
+
+
+@pytest.mark.parametrize("plant", ["symlink-to-credentials", "dangling-symlink", "hardlink", "fifo", "dev-null"])
+def test_a_planted_audit_file_is_never_followed_read_or_written_and_the_run_goes_on(setup, sim, tmp_path,
+                                                                                   plant: str) -> None:
+    # issue 22, item 2 names the audit file beside the metrics file: a writer of its directory plants a
+    # link to the credentials (records appended to them), a dangling link (a root run creates the file it
+    # names), a hard link, a FIFO (the append would block) or a device
+    victim = tmp_path / "victim"
+    if plant == "symlink-to-credentials":
+        setup.audit.symlink_to(setup.root / "one_auth")
+    elif plant == "dangling-symlink":
+        setup.audit.symlink_to(victim)
+    elif plant == "hardlink":
+        victim.write_text("keep\n")
+        os.link(victim, setup.audit)
+    elif plant == "fifo":
+        os.mkfifo(setup.audit)
+    else:
+        setup.audit.symlink_to("/dev/null")
+    credentials = (setup.root / "one_auth").read_text()
+    done = run_program(setup, "resume", "gpu01", guard=60)
+    assert done.returncode == EXIT_OK, done.stderr
+    assert sorted(live_ours(sim)) == ["gpu01"], "the run did its work"
+    log = setup.log_text()
+    assert "cannot append usage records (those of this run are lost)" in log and setup.password not in log
+    assert (setup.root / "one_auth").read_text() == credentials
+    assert victim.exists() == (plant == "hardlink") and (plant != "hardlink" or victim.read_text() == "keep\n")
+
+
+def test_a_planted_record_forges_no_line_of_usage_s_disagreements(setup) -> None:
+    # The table's cells were escaped (issue 22 item 6); the disagreements under it quoted a record's node as
+    # written, so a line planted in the audit file could add a line of its own to the report
+    record = {"v": 1, "time": "2026-12-01T00:00:00+00:00", "event": "running", "node": "gpu01\nFORGED: all billed",
+              "vm": 999, "host": "h", "gpus": [], "jobs": [7], "program": "resume", "cluster": "testcluster"}
+    setup.audit.write_text(json.dumps(record) + "\n")
+    usage = subprocess.run([program("slurm-nebula-power"), "usage"], env=run_env(setup), capture_output=True,
+                           text=True, timeout=60)
+    assert usage.returncode == EXIT_NODES_FAILED, usage.stderr
+    assert "VM 999 (gpu01\\nFORGED: all billed)" in usage.stdout, usage.stdout
+    assert not [line for line in usage.stdout.splitlines() if line.startswith("FORGED")], usage.stdout

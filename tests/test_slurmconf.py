@@ -12,7 +12,7 @@ from support import make_setup
 from slurm_nebula_power.cli import slurm_conf as slurmconf
 from slurm_nebula_power.errors import EXIT_OK
 from slurm_nebula_power.shapes import pci_gpus, template_shape
-from slurm_nebula_power.slurmconf import gres_gpus, node_cpus, read_slurm_conf
+from slurm_nebula_power.slurmconf import gres_gpu_types, gres_gpus, node_cpus, read_gres_conf, read_slurm_conf
 
 GPU_SETS = """\
 [[nodeset]]
@@ -86,6 +86,40 @@ def test_reader_takes_parameters_node_lines_defaults_and_includes(tmp_path) -> N
 ])
 def test_gres_gpu_count(gres: str, count: int) -> None:
     assert gres_gpus(gres) == count
+
+
+@pytest.mark.parametrize(("gres", "types"), [
+    ("", {}), ("gpu:2", {"": 2}), ("gpu:h100:2", {"h100": 2}), ("gpu", {"": 1}), ("gpu:h100", {"h100": 1}),
+    ("gpu:a100:2(S:0-1),nic:1", {"a100": 2}), ("gpu:a:1,gpu:b:3,gpu:a:1", {"a": 2, "b": 3}), ("mps:100", {}),
+])
+def test_gres_gpus_by_type(gres: str, types: dict[str, int]) -> None:
+    assert gres_gpu_types(gres) == types
+
+
+def test_gres_conf_reader_takes_node_lines_global_lines_and_autodetect(tmp_path) -> None:
+    path = tmp_path / "gres.conf"
+    path.write_text(textwrap.dedent("""\
+        AutoDetect=nvml   # the site's own GPUs
+        NodeName=gpu[01-02] AutoDetect=off Name=gpu Type=h100 Count=2 \\
+            File=/dev/nvidia[0-1]
+        Name=gpu File=/dev/nvidia0
+        NodeName=login1 AutoDetect=rsmi
+        NodeName=bad[ Name=gpu File=/dev/nvidia0
+        Name=mps Count=100 File=/dev/nvidia0
+        """))
+    gres = read_gres_conf(path)
+    assert gres is not None and gres.path == path
+    assert [line.keys.get("file") for line in gres.gpu_lines("gpu02")] == ["/dev/nvidia[0-1]", "/dev/nvidia0"]
+    assert gres.gpu_lines("gpu02")[0].keys["type"] == "h100" and gres.gpu_lines("gpu02")[0].keys["count"] == "2"
+    assert [line.keys.get("file") for line in gres.gpu_lines("cpu01")] == ["/dev/nvidia0"]  # no NodeName: all
+    assert (gres.autodetect("gpu01"), gres.autodetect("login1"), gres.autodetect("cpu01")) == ("off", "rsmi", "nvml")
+
+
+def test_gres_conf_reader_without_the_file_gives_none(tmp_path) -> None:
+    assert read_gres_conf(tmp_path / "gres.conf") is None
+    (tmp_path / "gres.conf").write_text("# nothing\n")
+    empty = read_gres_conf(tmp_path / "gres.conf")
+    assert empty is not None and empty.lines == [] and empty.autodetect("gpu01") == ""
 
 
 def test_node_cpus_from_topology_when_cpus_missing() -> None:

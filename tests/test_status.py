@@ -168,10 +168,11 @@ def test_no_slurm_option_never_runs_scontrol(sim, setup, capsys) -> None:
     assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["gpu01", "n/a"]
 
 
-def test_one_pool_query(sim, setup, capsys) -> None:
+def test_one_pool_query_and_one_host_pool_query(sim, setup, capsys) -> None:
     setup.set_nodes("")
     status.main([], setup.env)
-    assert sim.stats()["calls"] == {"one.vmpool.infoextended": 1}
+    # the host pool: which VMs run on hosts in maintenance (drift.py)
+    assert sim.stats()["calls"] == {"one.vmpool.infoextended": 1, "one.hostpool.info": 1}
 
 
 def test_bad_hostlist_is_a_usage_error(sim, setup, capsys) -> None:

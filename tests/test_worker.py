@@ -7,12 +7,15 @@ SuspendProgram and ResumeFailProgram; the simulator's VMs are made from the temp
 slurm-nebula-worker.sh runs with the VM's CONTEXT file, with its real defaults: it installs the munge
 key from CONTEXT into /etc/munge, starts munged as the munge user, starts `slurmd -N <node>
 --conf-server <controller>` (no slurm.conf anywhere: configless), and reports READY=YES to the
-simulator's OneGate with curl. The node sets wait for READY (wait_for = "ready").
+simulator's OneGate with curl. The node sets wait for READY (wait_for = "ready"). A VM of a GPU node set
+gets its GPUs' device files, /dev/nvidia0..., in a /dev of its own (tests/vm-devices.sh).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import os
 import shutil
 import stat
@@ -25,13 +28,14 @@ from pathlib import Path
 import pytest
 import vmnet
 from slurm_findings import finding
-from slurmharness import SlurmCluster, stop_pid
+from slurmharness import VM_DEVICES, SlurmCluster, rewrite_lines, stop_pid
 
 from opennebula_sim import Durations, SimConfig, Simulator, TemplateSpec, running_simulator
 from opennebula_sim.config import default_hosts
+from slurm_nebula_power.cli import slurm_conf
 from slurm_nebula_power.config import load_config
 from slurm_nebula_power.shapes import program_path
-from slurm_nebula_power.template import pick_nodeset, render
+from slurm_nebula_power.template import gpus_of, pick_nodeset, render
 
 pytestmark = pytest.mark.slurm
 
@@ -54,7 +58,9 @@ chown munge:munge "$vm/lib-munge" "$vm/log-munge"
 chmod 0755 "$vm" "$vm/run" "$vm/etc-munge"
 echo "$ONE_VM_NAME" >"$vm/name"
 : >"$vm/console"  # the VM's console
-exec {guest} "$ONE_VM_IP" "$ONE_VM_NAME" -- unshare --mount --propagation private /bin/sh -c '
+gpus=$(cat "{root}/gpus" 2>/dev/null || echo 0)  # the GPUs the node set's template gives a VM
+if [ "$gpus" -gt 0 ]; then set -- "{vm_devices}" "$gpus"; else set --; fi
+exec {guest} "$ONE_VM_IP" "$ONE_VM_NAME" -- "$@" unshare --mount --propagation private /bin/sh -c '
     mount --bind "$1/run" /run &&
     mount --bind "$1/etc-munge" /etc/munge &&
     mount --bind "$1/lib-munge" /var/lib/munge &&
@@ -95,7 +101,7 @@ def vm_scripts(cluster: SlurmCluster) -> tuple[Path, Path, Path]:
     vms.mkdir()
     vms.chmod(0o755)
     boot, halt = cluster.base / "bin" / "vm-boot", cluster.base / "bin" / "vm-halt"
-    boot.write_text(BOOT.format(root=vms, worker=WORKER, guest=GUEST))
+    boot.write_text(BOOT.format(root=vms, worker=WORKER, guest=GUEST, vm_devices=VM_DEVICES))
     halt.write_text(HALT.format(root=vms, slurm_run=cluster.run_dir))
     return vms, boot, halt
 
@@ -106,7 +112,7 @@ def controller_address(cluster: SlurmCluster) -> str:
     return f"127.0.0.1:{port}"
 
 
-def write_config(cluster: SlurmCluster, endpoint: str, boot_timeout: float) -> Path:
+def write_config(cluster: SlurmCluster, endpoint: str, boot_timeout: float, nodeset_extra: str = "") -> Path:
     base = cluster.base
     auth = base / "one_auth"
     auth.write_text(AUTH + "\n")
@@ -141,7 +147,7 @@ def write_config(cluster: SlurmCluster, endpoint: str, boot_timeout: float) -> P
         network = "slurm-net"
         controller = "{controller_address(cluster)}"
         munge_key_file = "{base / 'munge' / 'munge.key'}"
-        """))
+        """) + nodeset_extra)
     cluster.add_log("nebula-power.log", cluster.log_dir / "nebula-power.log")
     return config
 
@@ -154,24 +160,26 @@ def site_factory(slurm_factory, tmp_path) -> Iterator:
         pytest.skip("needs root: mount namespaces and the munge user")
     sims: list = []
 
-    def make(nodes: tuple[str, ...], boot_timeout: float, edit=lambda text: text) -> Site:
+    def make(nodes: tuple[str, ...], boot_timeout: float, edit=lambda text: text, nodeset_extra: str = "") -> Site:
         resume, suspend, fail = (program_path(name)[0] for name in
                                  ("slurm-nebula-resume", "slurm-nebula-suspend", "slurm-nebula-resume-fail"))
         cluster = slurm_factory(nodes=nodes, resume_program=resume, suspend_program=suspend,
                                 resume_fail_program=fail, slurmctld_parameters=("enable_configless",),
                                 suspend_time=60, resume_timeout=60)
         # The template our command prints for the node set (the endpoint is not part of it).
-        config = load_config(write_config(cluster, "http://127.0.0.1:9/RPC2", boot_timeout), cluster.env)
+        config = load_config(write_config(cluster, "http://127.0.0.1:9/RPC2", boot_timeout, nodeset_extra),
+                             cluster.env)
         index, nodeset = pick_nodeset(config, None)
         body = edit(render(config, index, nodeset))
         vms, boot, halt = vm_scripts(cluster)
+        (vms / "gpus").write_text(f"{gpus_of(nodeset)}\n")
         sim_config = SimConfig(hosts=default_hosts(2, 2), durations=Durations(0.2, 0.5, 0.2, 0.2),
                                templates=(TemplateSpec(id=0, name=TEMPLATE, body=body),),
                                on_running=("/bin/sh", str(boot)), on_stopped=("/bin/sh", str(halt)))
         context = running_simulator(sim_config, auth=AUTH)
         sim = context.__enter__()
         sims.append((context, vms))
-        write_config(cluster, sim.endpoint, boot_timeout)
+        write_config(cluster, sim.endpoint, boot_timeout, nodeset_extra)
         return Site(cluster, sim, vms)
 
     yield make
@@ -254,3 +262,61 @@ def test_a_missing_munge_key_fails_visibly_and_the_node_is_handed_back(site_fact
     cluster.run("scancel", str(job), check=False)
     log = (cluster.log_dir / "nebula-power.log").read_text()
     assert "guest did not report READY=YES" in log
+
+
+def slurm_conf_output(cluster: SlurmCluster, *argv: str) -> list[str]:
+    """What `slurm-nebula-power slurm-conf ARGV` prints for the site (its configuration beside slurm.conf)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert slurm_conf.main(list(argv), cluster.env) == 0
+    return out.getvalue().splitlines()
+
+
+GPU_JOB = """\
+#!/bin/sh
+echo "batch ${CUDA_VISIBLE_DEVICES-unset}"
+/usr/bin/srun /bin/sh -c 'echo "step ${CUDA_VISIBLE_DEVICES-unset} of $(ls /dev | grep -c "^nvidia[0-9]")"'
+"""
+
+
+def test_gpu_nodes_get_gres_conf_through_configless_and_a_job_sees_its_gpus(site_factory) -> None:
+    site = site_factory(("cloud1", "cloud2"), boot_timeout=40, nodeset_extra='gpus = 2\ngpu_type = "h100"\n')
+    cluster = site.cluster
+    # slurm.conf: the harness's lines with our Gres= and GresTypes; gres.conf: as slurm-conf printed it.
+    lines = slurm_conf_output(cluster)
+    [gres] = {token for line in lines if line.startswith("NodeName=") for token in line.split()
+              if token.startswith("Gres=")}
+    assert gres == "Gres=gpu:h100:2" and "GresTypes=gpu" in lines
+    rewrite_lines(cluster.conf, lambda conf: [f"{line} {gres}" if line.startswith("NodeName=") else line
+                                              for line in conf] + ["GresTypes=gpu"])
+    printed = "\n".join(slurm_conf_output(cluster, "--gres-conf")) + "\n"
+    assert "NodeName=cloud[1-2] AutoDetect=off Name=gpu Type=h100 Count=2 File=/dev/nvidia[0-1]" in printed
+    (cluster.base / "gres.conf").write_text(printed)
+    cluster.restart_slurmctld(clear_state=True)
+    one = cluster.sbatch("--gres=gpu:1", "-w", "cloud1", script=GPU_JOB)
+    both = cluster.sbatch("--gres=gpu:2", "-w", "cloud2", script=GPU_JOB)
+    for job in (one, both):
+        cluster.wait_job(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), 120)
+        assert cluster.job_state(job) == "COMPLETED", cluster.job_info(job)
+    # The batch step and a job step see the GPUs the job got, among the VM's two.
+    outputs = [cluster.job_output(job).split("\n")[:2] for job in (one, both)]
+    finding("--gres=gpu:1 and --gres=gpu:2 jobs on configless 2-GPU cloud nodes (gres.conf as slurm-conf "
+            "printed it): CUDA_VISIBLE_DEVICES of the batch step, of an srun step", outputs)
+    assert outputs == [["batch 0", "step 0 of 2"], ["batch 0,1", "step 0,1 of 2"]], outputs
+    places = set()
+    for node in ("cloud1", "cloud2"):
+        assert cluster.node_info(node)["Gres"] == "gpu:h100:2"
+        # configless: slurmd fetched gres.conf with slurm.conf (the VM has none of its own)
+        fetched = {place: path for place, path in fetched_configs(site, node) if path.name == "gres.conf"}
+        assert fetched and all(path.read_text() == printed for path in fetched.values()), fetched
+        places |= set(fetched)
+    finding("configless slurmd: where it keeps the gres.conf it fetched", ", ".join(sorted(places)))
+
+
+def fetched_configs(site: Site, node: str) -> list[tuple[str, Path]]:
+    """The configuration files a configless slurmd of `node` fetched, each with where it is: a conf-cache in
+    SlurmdSpoolDir, or /run/slurm/conf in the VM."""
+    places = {"SlurmdSpoolDir/conf-cache": site.cluster.base / "spool" / node / "conf-cache",
+              "/run/slurm/conf": site.vm_dir(node) / "run" / "slurm" / "conf"}
+    return sorted((place, path) for place, directory in places.items() if directory.is_dir()
+                  for path in directory.iterdir())

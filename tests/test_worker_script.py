@@ -106,6 +106,8 @@ class Worker:
             "WORKER_TOKEN_FILE": str(root / "cd" / "token.txt"),
             "WORKER_SLURMD_PID": str(root / "slurmd.pid"),
             "WORKER_READY_WAIT": "0",
+            "WORKER_NVIDIA_SMI": str(root / "no-nvidia-smi"),
+            "WORKER_DEV_DIR": str(root / "dev"),
         }
 
     def stub(self, name: str, extra: str = "") -> None:
@@ -449,6 +451,48 @@ def test_systemd_mode_rerun_leaves_active_units_alone(worker: Worker) -> None:
     assert run.args("systemctl") == ["is-active --quiet munge.service",
                                      "is-active --quiet slurm-nebula-slurmd.service"]
     assert run.args("systemd-run") == []
+
+
+# ---- GPU devices ------------------------------------------------------------------------------------
+
+
+def nvidia_smi(worker: Worker, gpus: int, code: int = 0) -> dict[str, str]:
+    """A stub nvidia-smi that makes `gpus` device files, as the driver's tools do, and exits `code`; and a
+    slurmd stub that notes whether they were there when it started."""
+    dev = worker.root / "dev"
+    dev.mkdir()
+    worker.stub("nvidia-smi", extra=f'i=0; while [ "$i" -lt {gpus} ]; do : >"{dev}/nvidia$i"; i=$((i+1)); done\n'
+                f': >"{dev}/nvidiactl"; exit {code}')
+    worker.stub("slurmd", extra=f'ls "{dev}" >"{worker.stubs}/slurmd.saw"')
+    return {"WORKER_NVIDIA_SMI": str(worker.stubs / "nvidia-smi")}
+
+
+def test_nvidia_smi_makes_the_gpu_devices_before_slurmd_starts(worker: Worker) -> None:
+    # gres.conf names /dev/nvidia0...: slurmd waits about 20 s for a missing one, then exits
+    run = worker.run(str(worker.context_file(**full_context())), env=nvidia_smi(worker, 2))
+    assert run.code == 0, run.stderr
+    assert run.args("nvidia-smi") == ["-L"]
+    saw = (worker.stubs / "slurmd.saw").read_text().split()
+    assert saw == ["nvidia0", "nvidia1", "nvidiactl"], "the devices exist when slurmd starts"
+    dev = worker.root / "dev"
+    assert f"GPU devices: {dev}/nvidia0 {dev}/nvidia1" in run.log
+
+
+def test_a_failing_nvidia_smi_is_logged_and_slurmd_still_starts(worker: Worker) -> None:
+    run = worker.run(str(worker.context_file(**full_context())), env=nvidia_smi(worker, 0, code=9))
+    assert run.code == 0, run.stderr
+    assert "nvidia-smi -L failed (see above): no GPU driver or no GPU" in run.log
+    assert run.args("slurmd") == ["-N gpu01 --conf-server ctl.example:6817 -b"]
+
+
+def test_without_nvidia_smi_nothing_is_tried(worker: Worker) -> None:
+    run = worker.run(str(worker.context_file(**full_context())))
+    assert run.code == 0 and "GPU devices" not in run.log and "nvidia-smi" not in run.log
+
+
+def test_a_rerun_that_keeps_slurmd_leaves_the_gpus_alone(worker: Worker, live_daemons) -> None:
+    run = worker.run(str(worker.context_file(**full_context())), env=nvidia_smi(worker, 1))
+    assert run.code == 0 and run.args("nvidia-smi") == [] and run.args("slurmd") == []
 
 
 # ---- shipping and linting ---------------------------------------------------------------------------

@@ -9,16 +9,18 @@ import os
 import pwd
 import sys
 import syslog
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..audit import AuditLog
 from ..config import Config, find_config, load_config
 from ..errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
-from ..files import UnsafeFile, open_file
+from ..files import UnsafeFile, make_directory, open_file
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
 from ..operation import Cloud, Context, Outcome
+from ..protectlog import ProtectLog
 from ..records import reason_category
 from ..slurm import SlurmControl, scontrol_for
 from ..slurmconf import read_slurm_conf
@@ -51,15 +53,6 @@ def service_owner(config: Config) -> tuple[int, int] | None:
     return None if entry.pw_uid == 0 else (entry.pw_uid, entry.pw_gid)
 
 
-def _made_for(owner: tuple[int, int] | None, path: Path, make: Callable[[], object]) -> None:
-    """Make path if it is missing, owned by owner when given."""
-    if path.exists():
-        return
-    make()
-    if owner is not None:
-        os.chown(path, *owner)
-
-
 class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
     """The log file, opened by files.open_file (no link followed, created for SlurmUser by a root run)."""
 
@@ -90,7 +83,7 @@ def setup_logging(prog: str, config: Config | None, stream_too: bool = False) ->
     if config is not None and config.log.file is not None:
         owner, file = service_owner(config), config.log.file
         try:
-            _made_for(owner, file.parent, lambda: file.parent.mkdir(parents=True))
+            make_directory(file.parent, owner)
             handlers.append(_LogFile(file, owner))
         except OSError as exc:
             fix = "" if isinstance(exc, (UnsafeFile, PermissionError)) else \
@@ -119,8 +112,13 @@ def report_error(prog: str, message: str, quiet: bool = False) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
     if quiet:
         return
-    if logging.getLogger("slurm_nebula_power").handlers:
-        log.error("%s", message)
+    # The log too, but not a second time on stderr (a dry run, or a run at a terminal, logs there as well)
+    files = [h for h in logging.getLogger("slurm_nebula_power").handlers
+             if getattr(h, "stream", None) not in (sys.stderr, sys.__stderr__)]
+    if files:
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (message,), None)
+        for handler in files:
+            handler.handle(record)
     try:
         syslog.openlog(prog, syslog.LOG_PID)
         syslog.syslog(syslog.LOG_ERR, message)
@@ -208,6 +206,12 @@ def run_figures(config: Config, program: str, outcome: Outcome | None, recorder:
         ours = [vm for vm in vms if vm.state != DONE and vm.is_ours(config.slurm.cluster, vm.name)]
         figures.gauges["vms"] = len(ours)
         figures.gauges["gpus_held"] = sum(1 for vm in ours for gpu in vm.gpus if gpu.assigned)
+    if program in ("resume", "reconcile"):  # reconcile's timer keeps it fresh, resume as it changes
+        store, now = ProtectLog(config.power.lock_dir), time.time()
+        for each in config.nodesets:
+            state = store.read(each.nodes_expr) if store.path(each.nodes_expr).exists() else None
+            protected = state is not None and state.active(now, config.power.protect_for)
+            figures.labelled[("nodeset_protected", each.nodes_expr)] = float(protected)
     return figures
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 
 from .. import __version__
-from ..errors import EXIT_OK, EXIT_USAGE
+from ..errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, first_line
 from .power import resume_fail_main, resume_main, suspend_main
 from .process import process_hygiene
 
@@ -66,6 +67,18 @@ def _examples(argv: list[str]) -> int:
     return examples.main(argv)
 
 
+def _unprotect(argv: list[str]) -> int:
+    from . import unprotect
+
+    return unprotect.main(argv)
+
+
+def _image(argv: list[str]) -> int:
+    from . import image
+
+    return image.main(argv)
+
+
 def _prolog(argv: list[str]) -> int:
     return prolog_main(argv)
 
@@ -75,11 +88,13 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "demo": (_demo, "resume and suspend gpu[01-04] on the embedded simulator, no Slurm"),
     "status": (_status, "per node: Slurm state, VM, IP, host, age and what is wrong"),
     "check": (_check, "find configuration, credential, template and slurm.conf problems"),
-    "reconcile": (_reconcile, "repair drift: orphan VMs, vanished VMs, stuck boots"),
+    "reconcile": (_reconcile, "repair drift: orphan VMs, vanished VMs, stuck boots, hosts in maintenance"),
+    "unprotect": (_unprotect, "take node sets out of protected mode (after boot failures in a row)"),
     "slurm-conf": (_slurm_conf, "print slurm.conf lines derived from the templates"),
     "template": (_template, "print a node set's VM template for onetemplate create"),
     "usage": (_usage, "GPU-hours and VM-hours by job, node set, host or day, from the usage records"),
     "example-config": (_examples, "print (or --out DIR: write) the example configuration, units and dashboards"),
+    "image": (_image, "image build: a worker image (qcow2) from Debian packages, and its oneimage command"),
     "prolog-wait": (_prolog, "PrologSlurmctld: wait until the job's cloud nodes are up (as slurm-nebula-prolog)"),
 }
 
@@ -101,7 +116,13 @@ def power_main(argv: Sequence[str] | None = None) -> int:
         print(f"slurm-nebula-power: error: unknown command {args[0]!r}; one of: {', '.join(COMMANDS)}",
               file=sys.stderr)
         return EXIT_USAGE
-    return COMMANDS[args[0]][0](args[1:])
+    try:
+        return COMMANDS[args[0]][0](args[1:])
+    except Exception as exc:  # a bug: its traceback for the report, then the one line and exit 4, never 1
+        traceback.print_exc()  # (1 means "problems found" to check, status and usage)
+        print(f"slurm-nebula-power {args[0]}: error: internal error: {first_line(exc, 200)} (a bug: please "
+              "report it with the traceback above)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 def prolog_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

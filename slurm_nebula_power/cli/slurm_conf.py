@@ -1,4 +1,5 @@
-"""`slurm-nebula-power slurm-conf`: print the slurm.conf lines for the configured node sets."""
+"""`slurm-nebula-power slurm-conf`: print the slurm.conf lines for the configured node sets (--gres-conf: the
+gres.conf lines of their GPUs; --topology: topology.conf of their domains)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from ..config import Config
-from ..errors import EXIT_OK, PowerError
-from ..shapes import generate, options_shape, read_shapes
+from ..errors import EXIT_OK, PowerError, UsageError
+from ..gres import generate_gres
+from ..shapes import generate, options_shape, read_shapes, topology_conf
 from ..slurm import slurm_version
 from .common import interactive_cloud, make_parser, run_command
 
@@ -25,8 +27,23 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser.epilog = ("A template OpenNebula cannot show is described from the node set's vcpu, memory_mb and "
                      "gpus options instead. exit: 0 printed, 3 configuration error, 4 a template could be "
                      "read neither from OpenNebula nor from the options")
+    # Files of their own, as Slurm keeps them: `> gres.conf` works, and the slurm.conf lines stay one paste.
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--gres-conf", action="store_true", help="print the gres.conf lines instead: each GPU "
+                       "node set's devices (File=/dev/nvidia...), for the gres.conf beside slurm.conf")
+    which.add_argument("--topology", action="store_true", help="print topology.conf instead: each node set "
+                       "domain's nodes as one Slurm block (23.11+) or switch (22.05), for the slurmctld's release")
 
     def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
+        if args.topology:
+            lines = topology_conf(config, slurm_version(config, env))
+            if not lines:
+                raise UsageError(f"no node set of {config.path} has a domain: there is no topology to write")
+            def topology() -> int:
+                print("\n".join(lines))
+                return EXIT_OK
+
+            return topology
         shapes, notes = [], []
         for nodeset, shape, error in read_shapes(config, interactive_cloud(config), unreachable_raises=True):
             if shape is None:
@@ -40,7 +57,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             shapes.append((nodeset, shape))
 
         def show() -> int:
-            print("\n".join(generate(config, shapes, slurm_version(config, env), notes)))
+            if args.gres_conf:
+                print("\n".join(generate_gres(config, shapes, notes)))
+            else:
+                print("\n".join(generate(config, shapes, slurm_version(config, env), notes)))
             return EXIT_OK
 
         return show

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import EXIT_NODES_FAILED, EXIT_OK, UsageError
+from ..model import printable
 from ..usage import (
     GROUPS,
     audit_files,
@@ -94,11 +95,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 print(render(rows, args.by) if rows else "no usage in this window")
                 if disagree:
                     print("\ndisagreements with OpenNebula:")
-                    print("\n".join(f"  {line}" for line in disagree))
+                    print("\n".join(f"  {printable(line)}" for line in disagree))  # names from records
                 elif disagree is not None:
                     print("\nthe records agree with OpenNebula's live VMs")
             for line in unreadable[:5]:
-                print(f"{PROG}: warning: not a usage record: {line}", file=sys.stderr)
+                print(f"{PROG}: warning: not a usage record: {printable(line)}", file=sys.stderr)
             if len(unreadable) > 5:
                 print(f"{PROG}: warning: {len(unreadable) - 5} more lines are not usage records", file=sys.stderr)
             return EXIT_NODES_FAILED if disagree else EXIT_OK

@@ -9,8 +9,9 @@
 #
 # It installs the cluster's munge key (mode 0400, owned by munge), starts munged, starts slurmd as
 # the node the VM was made for (`slurmd -N $SLURM_NODENAME --conf-server $SLURM_CONTROLLER`: configless,
-# the image needs no slurm.conf; 23.11+ also gets `--instance-id $VMID --instance-type opennebula`), then
-# reports READY=YES through OneGate, with retries. A CONTEXT variable that is
+# the image needs no slurm.conf, and slurmd fetches gres.conf with it; 23.11+ also gets `--instance-id $VMID
+# --instance-type opennebula`; where nvidia-smi is installed it runs first, so the GPU device files that
+# gres.conf names exist), then reports READY=YES through OneGate, with retries. A CONTEXT variable that is
 # missing or wrong makes it refuse, visibly (console, stderr and the log), and READY is never reported:
 # with the node set's wait_for = "ready", resume then hands the node back to Slurm.
 #
@@ -46,6 +47,7 @@
 #   WORKER_MUNGE_KEY=/etc/munge/munge.key         WORKER_MUNGE_USER=munge   WORKER_MUNGE_RUN=/run/munge
 #   WORKER_MUNGED=/usr/sbin/munged  WORKER_SLURMD=/usr/sbin/slurmd  WORKER_RUNUSER=runuser
 #   WORKER_SYSTEMCTL=systemctl      WORKER_SYSTEMD_RUN=systemd-run  WORKER_CURL=curl  WORKER_ONEGATE=onegate
+#   WORKER_NVIDIA_SMI=nvidia-smi    WORKER_DEV_DIR=/dev
 #   MUNGED_OPTIONS (direct mode only)
 #
 # The munge key is a secret: it is never written anywhere but the key file, and never logged.
@@ -73,6 +75,8 @@ systemctl=${WORKER_SYSTEMCTL:-systemctl}
 systemd_run=${WORKER_SYSTEMD_RUN:-systemd-run}
 curl=${WORKER_CURL:-curl}
 onegate=${WORKER_ONEGATE:-onegate}
+nvidia_smi=${WORKER_NVIDIA_SMI:-nvidia-smi}
+dev_dir=${WORKER_DEV_DIR:-/dev}
 slurmd_unit=slurm-nebula-slurmd
 
 say() {
@@ -251,6 +255,18 @@ if [ -r "$run_dir/slurmd.args" ] && [ "$(cat "$run_dir/slurmd.args")" = "$slurmd
 else
     slurmd_kept=no
     rm -f "$run_dir/slurmd.args"
+fi
+# gres.conf's File= lines name /dev/nvidia0...; slurmd waits about 20 s for one that is missing, then exits
+# ("can't stat gres.conf file"). Loading the NVIDIA driver does not make them: its user-space tools do
+# (through nvidia-modprobe), or a udev rule where the image has one. So nvidia-smi runs once before slurmd.
+if [ "$slurmd_kept" = no ] && command -v "$nvidia_smi" >/dev/null 2>&1; then
+    if timeout 120 "$nvidia_smi" -L >>"$log" 2>&1; then
+        gpu_devices=$(cd "$dev_dir" 2>/dev/null && for d in nvidia[0-9]*; do
+            [ -e "$d" ] && printf ' %s/%s' "$dev_dir" "$d"; done)
+        say "GPU devices:${gpu_devices:- none}"
+    else
+        say "nvidia-smi -L failed (see above): no GPU driver or no GPU; slurmd will not find the devices gres.conf names"
+    fi
 fi
 if [ "$slurmd_kept" = yes ]; then
     :

@@ -5,6 +5,7 @@ Standard library only (the host python may lack pyone).  Subcommands:
   ports N                        N distinct free 127.0.0.1 ports (free for TCP and UDP), one per line
   configure DIR KEY=VALUE...     edit DIR/etc/{oned,monitord,onegate-server,onehem-server}.conf
   probe FILE GPUS                make the dummy host probe report GPUS GPUs (buses 02, 03, ...)
+  forced-probe DIR FILE          a VM status probe in DIR reporting the VM states a test writes to FILE
   wait-rpc ENDPOINT AUTH SECONDS PID   wait until oned answers one.system.version
   setup ENDPOINT AUTH HOSTS      markets off, dummy datastores, hosts, network, templates
   wait-ready ENDPOINT AUTH HOSTS GPUS SECONDS   every host MONITORED, datastore 0 TOTAL_MB > 0
@@ -95,9 +96,15 @@ def configure(directory: str, opts: dict[str, str]) -> None:
     oned_port, mon_port = opts["oned_port"], opts["monitord_port"]
     hm_pub, hm_rep, gate_port = opts["hm_pub_port"], opts["hm_rep_port"], opts["onegate_port"]
 
+    # vm_mad=qemu (tests/kvm): oned's stock "qemu" VM_MAD and IM_MAD (libvirt, TCG, over ssh) stay, beside the
+    # dummy ones; OneGate listens on every address of the test's namespace and oned tells the VMs its
+    # address on their bridge (onegate_addr).
+    qemu = opts.get("vm_mad", "dummy") == "qemu"
+    keep = {"qemu"} if qemu else set()
+    gate_addr = opts.get("onegate_addr", "127.0.0.1")
     path = os.path.join(etc, "oned.conf")
     text = read(path)
-    text = drop_blocks(text, "VM_MAD", {"kvm", "qemu", "lxc", "dummy"})
+    text = drop_blocks(text, "VM_MAD", {"kvm", "qemu", "lxc", "dummy"} - keep)
     grpc = []
     if re.search(r"^GRPC_PORT\s*=", text, re.M):  # 7.4 (built with grpc=no, but keep it off the stock port)
         grpc = [("GRPC_PORT", opts["grpc_port"]), ("GRPC_LISTEN_ADDRESS", '"127.0.0.1"')]
@@ -109,7 +116,7 @@ def configure(directory: str, opts: dict[str, str]) -> None:
         ("MONITORING_INTERVAL_DATASTORE", opts.get("ds_interval", "10")),
         ("DRS_INTERVAL", "-1"),
         ("SCRIPTS_REMOTE_DIR", os.path.join(directory, "var", "tmp", "one")),
-        ("ONEGATE_ENDPOINT", f'"http://127.0.0.1:{gate_port}"'),
+        ("ONEGATE_ENDPOINT", f'"http://{gate_addr}:{gate_port}"'),
         ("SCHED_MAX_WND_TIME", opts.get("sched_wnd_time", "10")),
         ("SCHED_MAX_WND_LENGTH", opts.get("sched_wnd_length", "7")),
         ("SCHED_RETRY_TIME", opts.get("sched_retry_time", "5")),
@@ -130,7 +137,7 @@ def configure(directory: str, opts: dict[str, str]) -> None:
 
     path = os.path.join(etc, "monitord.conf")
     text = read(path)
-    text = drop_blocks(text, "IM_MAD", {"kvm", "qemu", "lxc", "dummy"})
+    text = drop_blocks(text, "IM_MAD", {"kvm", "qemu", "lxc", "dummy"} - keep)
     net = blocks(text, "NETWORK")
     if len(net) != 1:
         die(f"{path}: expected one NETWORK block, found {len(net)}")
@@ -164,11 +171,15 @@ def configure(directory: str, opts: dict[str, str]) -> None:
     text, n1 = re.subn(r"^(\s*):one_xmlrpc:.*$", rf"\g<1>:one_xmlrpc: http://127.0.0.1:{oned_port}/RPC2",
                        text, flags=re.M)
     # 7.0: top-level :host:; 7.4: :server: with :bind: and an indented :port:
-    text, n2 = re.subn(r"^(\s*):(host|bind):.*$", r"\g<1>:\g<2>: 127.0.0.1", text, count=1, flags=re.M)
+    bind = "0.0.0.0" if gate_addr != "127.0.0.1" else "127.0.0.1"  # 0.0.0.0: the test's own namespace only
+    text, n2 = re.subn(r"^(\s*):(host|bind):.*$", rf"\g<1>:\g<2>: {bind}", text, count=1, flags=re.M)
     text, n3 = re.subn(r"^(\s*):port:\s*\d+\s*$", rf"\g<1>:port: {gate_port}", text, count=1, flags=re.M)
     if not (n1 and n2 and n3):
         die(f"{path}: could not set :one_xmlrpc:/:host:/:port: ({n1} {n2} {n3})")
     write(path, text)
+
+    if qemu:
+        kvm_defaults(os.path.join(etc, "vmm_exec", "vmm_exec_kvm.conf"))
 
     path = os.path.join(etc, "onehem-server.conf")
     if os.path.exists(path):
@@ -183,6 +194,19 @@ def configure(directory: str, opts: dict[str, str]) -> None:
                       rf"\g<1>:hook_base_path: '{os.path.join(directory, 'var', 'remotes', 'hooks')}'",
                       text, flags=re.M)
         write(path, text)
+
+
+def kvm_defaults(path: str) -> None:
+    """The KVM driver's defaults for a machine without vhost-net, for the worker image's cloud kernel:
+    no VIRTIO_QUEUES ("vhost-net was requested ... but is unavailable"), and machine type pc (7.4's default
+    q35 puts the context CD on SATA, which a cloud kernel without AHCI never sees)."""
+    text = read(path)
+    text, n1 = re.subn(r"^OS\s*=\s*\[[^\]]*\]", 'OS = [\n    ARCH = "x86_64",\n    MACHINE = "pc"\n]', text,
+                       count=1, flags=re.M)
+    text, n2 = re.subn(r"^NIC\s*=\s*\[[^\]]*\]", 'NIC = [\n    MODEL = "virtio"\n]', text, count=1, flags=re.M)
+    if not (n1 and n2):
+        die(f"{path}: could not set OS and NIC ({n1} {n2})")
+    write(path, text)
 
 
 # ---- dummy probe --------------------------------------------------------------------------------------
@@ -201,6 +225,26 @@ def probe(path: str, gpus: int) -> None:
         b = b.replace('BUS = "02"', f'BUS = "{bus}"').replace('"02:00.0"', f'"{bus}:00.0"')
         copies.append(b)
     write(path, text[:m.start()] + "".join(copies) + text[m.end():])
+
+
+FORCED_PROBE = """#!/bin/sh
+# The VM states a test forces, as a hypervisor's monitor would report them (tests/oned, onedfix.RealOned
+# force_vm_state): lines "<host id> <vm id> <STATE>" in {states}; STATE POWEROFF (a killed qemu), FAILURE
+# (oned: UNKNOWN). oned ignores a report within 30 s of the VM's last state change.
+cat >/dev/null
+[ -f {states} ] || exit 0
+exec awk -v host="$2" '$1 == host {{
+    printf "VM = [ ID=\\"%s\\", DEPLOY_ID=\\"one-%s\\", STATE=\\"%s\\" ]\\n", $2, $2, $3 }}' {states}
+"""
+
+
+def forced_probe(directory: str, states: str) -> None:
+    """The dummy IM runs every executable in vm/status each STATE_VM period (5 s): add one that reports
+    the VM states a test forces; no file, no report."""
+    path = os.path.join(directory, "forced_states.sh")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(FORCED_PROBE.format(states=states))
+    os.chmod(path, 0o755)
 
 
 # ---- XML-RPC ------------------------------------------------------------------------------------------
@@ -400,6 +444,8 @@ def main(argv: list[str]) -> None:
         configure(args[0], dict(a.split("=", 1) for a in args[1:]))
     elif cmd == "probe":
         probe(args[0], int(args[1]))
+    elif cmd == "forced-probe":
+        forced_probe(args[0], args[1])
     elif cmd == "wait-rpc":
         wait_rpc(args[0], args[1], float(args[2]), int(args[3]))
     elif cmd == "wait-http":

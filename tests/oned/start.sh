@@ -10,7 +10,10 @@
 #      ONED_SCHED_RETRY_TIME (5), ONED_DS_INTERVAL (10, MONITORING_INTERVAL_DATASTORE), ONED_NET_IP (10.66.0.1), ONED_NET_SIZE (4000), ONED_CACHE (see build.sh),
 #      ONED_STATE_VM_PERIOD, ONED_MONITOR_VM_PERIOD (monitord's PROBES_PERIOD, stock 5 and 30 s: one Ruby
 #      probe per host each period, stretch them for tens of hosts), ONED_EXEC_VM_PERIOD (7.4's EXEC_VM, stock
-#      5 s, here 3600: results of `onevm exec` through a guest agent, which dummy VMs do not have).
+#      5 s, here 3600: results of `onevm exec` through a guest agent, which dummy VMs do not have),
+#      ONED_VM_MAD (dummy; qemu keeps oned's stock qemu VM_MAD and IM_MAD too: tests/kvm), ONED_ONEGATE_ADDR
+#      (127.0.0.1: the ONEGATE_ENDPOINT oned gives VMs; another address makes OneGate listen on all of the
+#      namespace's addresses).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -92,12 +95,16 @@ for d in "$R"/market/*/; do
 done
 # The dummy host probe reports ONED_GPUS GPUs (stock: one, 02:00.0).
 "$PY" "$HERE/onedctl.py" probe "$R/im/dummy-probes.d/host/system/system.rb" "$GPUS"
+# A VM status probe reporting the states a test forces (DIR/forced_vm_states): host failure, killed qemu.
+mkdir -p "$R/im/dummy-probes.d/vm/status"
+"$PY" "$HERE/onedctl.py" forced-probe "$R/im/dummy-probes.d/vm/status" "$DIR/forced_vm_states"
 
 # ---- ports and configuration -----------------------------------------------------------------------
 read -r ONED_PORT MON_PORT HM_PUB HM_REP GATE_PORT GRPC_PORT <<<"$("$PY" "$HERE/onedctl.py" ports 6 | tr '\n' ' ')"
 "$PY" "$HERE/onedctl.py" configure "$DIR" oned_port="$ONED_PORT" monitord_port="$MON_PORT" \
     hm_pub_port="$HM_PUB" hm_rep_port="$HM_REP" onegate_port="$GATE_PORT" grpc_port="$GRPC_PORT" sched_retry_time="$SCHED_RETRY" ds_interval="$DS_INTERVAL" \
-    state_vm="${ONED_STATE_VM_PERIOD:-}" monitor_vm="${ONED_MONITOR_VM_PERIOD:-}" exec_vm="${ONED_EXEC_VM_PERIOD:-3600}"
+    state_vm="${ONED_STATE_VM_PERIOD:-}" monitor_vm="${ONED_MONITOR_VM_PERIOD:-}" exec_vm="${ONED_EXEC_VM_PERIOD:-3600}" \
+    vm_mad="${ONED_VM_MAD:-dummy}" onegate_addr="${ONED_ONEGATE_ADDR:-127.0.0.1}"
 PASSWORD="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 AUTH="oneadmin:$PASSWORD"
 ( umask 077; echo "$AUTH" > "$DIR/one_auth" )

@@ -8,8 +8,8 @@ import pyone
 import pytest
 
 from opennebula_sim import Durations, SimConfig, default_hosts
-from opennebula_sim.cloud import sched_text
 from opennebula_sim.handle import Simulator
+from opennebula_sim.messages import sched_text
 
 # the simulator conftest's `sim` fixture runs
 SIM_CONFIG = TWO_GPUS = SimConfig(hosts=default_hosts(count=1, gpus=2), durations=Durations(0, 0, 0, 0))
