@@ -46,6 +46,15 @@ class CallStats:
             self.retries += retries
 
 
+def stale_update(ready: bool, sched_message: bool) -> str:
+    """The merge that clears a stopped VM's USER_TEMPLATE of its last boot: READY = "NO" (this boot must
+    report its own READY=YES) and SCHED_MESSAGE = "" (a guest may write SCHED_MESSAGE through OneGate,
+    onegate-server restricts only SCHED_REQUIREMENTS, SERVICE_ID and ROLE_NAME, and resume reads a PENDING
+    VM's message as oned's scheduler saying no host can take it: a planted one handed the node back at
+    pending_timeout with a Reason the guest wrote)."""
+    return "\n".join([*(['READY = "NO"'] if ready else []), *(['SCHED_MESSAGE = ""'] if sched_message else [])])
+
+
 class OneCloud:
     """OpenNebula through onerpc: one connection per thread, every call timed out and retried."""
 
@@ -212,10 +221,10 @@ class OneCloud:
         return self.call(f"vm.info {vm_id}",
                          lambda s: _parsed("vm.info", vm_needs_from_xml, s.call("vm.info", vm_id, False)))
 
-    def clear_ready(self, vm_id: int) -> None:
-        """Merge READY = "NO" into the VM's USER_TEMPLATE (one.vm.update, type 1): oned keeps a guest's READY=YES
-        through poweroff, undeploy and a killed hypervisor process, so the next boot must report its own."""
-        self.call(f"vm.update {vm_id}", lambda s: s.call("vm.update", vm_id, 'READY = "NO"', 1))
+    def clear_stale(self, vm_id: int, ready: bool, sched_message: bool) -> None:
+        """Merge into a stopped VM's USER_TEMPLATE (one.vm.update, type 1) what its last boot must not pass
+        on (stale_update): oned keeps it through poweroff, undeploy and a killed hypervisor process."""
+        self.call(f"vm.update {vm_id}", lambda s: s.call("vm.update", vm_id, stale_update(ready, sched_message), 1))
 
     def recover_delete(self, vm_id: int) -> None:
         """one.vm.recover with op 3 (delete): drops a VM in any state and frees its host resources."""

@@ -216,9 +216,9 @@ class _Resume:
         direct = self.direct.takes(boot, plan)
         if plan.action in ("resume", "release") and plan.vm is not None and not direct:
             vm_id = plan.vm.id
-            if plan.action == "resume" and plan.vm.ready and boot.nodeset.wait_for == "ready":
-                # READY=YES from the boot before it stopped: this boot must say it again (real-kvm.md).
-                timed("clear-ready", boot.node, vm_id, lambda: ctx.cloud.clear_ready(vm_id))
+            ready, message = plan.vm.ready and boot.nodeset.wait_for == "ready", bool(plan.vm.sched_message)
+            if plan.action == "resume" and (ready or message):  # the last boot's (cloud.stale_update)
+                timed("clear-stale", boot.node, vm_id, lambda: ctx.cloud.clear_stale(vm_id, ready, message))
             timed(plan.action, boot.node, vm_id, lambda: ctx.cloud.action(plan.action, vm_id))
             ctx.recorder.record("resumed", boot.node, plan.vm, jobs=jobs, action=plan.action)
             return vm_id

@@ -25,7 +25,7 @@ from support import make_setup
 
 from opennebula_sim import running_simulator
 from slurm_nebula_power.cli import template as template_cmd
-from slurm_nebula_power.cloud import OneCloud
+from slurm_nebula_power.cloud import OneCloud, stale_update
 from slurm_nebula_power.config import OneConfig
 from slurm_nebula_power.errors import EXIT_OK, QuotaExceeded
 from slurm_nebula_power.hosts import hosts_from_xml, vm_needs_from_xml
@@ -628,6 +628,22 @@ def test_ready_outlives_the_boot_that_reported_it_until_an_update_clears_it(back
     assert backend.raw("one.vm.update", vm_id, 'READY = "NO"', 1)[:2] == [True, vm_id]
     [parsed] = vms_from_xml(backend.pool_text())
     assert not parsed.ready and parsed.user_template["READY"] == "NO"
+
+
+def test_a_guest_writes_sched_message_and_resumes_merge_clears_it(backend: Backend) -> None:
+    """What resume's clear_stale rests on: OneGate lets a guest write SCHED_MESSAGE (the scheduler's reason a
+    PENDING VM is not placed), oned keeps it while the VM is undeployed, and stale_update's merge empties it."""
+    extra = extra_template("c1", "gpu01", [], backend.one.template.info(backend.gpu_template).TEMPLATE["CONTEXT"])
+    vm_id = backend.running(name="gpu01", extra=extra)
+    planted = "Cannot dispatch VM: PCI planted"
+    assert backend.put_vm(vm_id, backend.token(vm_id), f"READY=YES\nSCHED_MESSAGE={planted}") == 200
+    backend.action("undeploy", vm_id)
+    backend.wait(vm_id, "UNDEPLOYED")
+    [parsed] = vms_from_xml(backend.pool_text())
+    assert parsed.sched_message == planted and parsed.ready
+    assert backend.raw("one.vm.update", vm_id, stale_update(True, True), 1)[:2] == [True, vm_id]
+    [parsed] = vms_from_xml(backend.pool_text())
+    assert (parsed.ready, parsed.sched_message) == (False, "")
 
 
 def test_onegate_refuses_a_wrong_token(backend: Backend) -> None:

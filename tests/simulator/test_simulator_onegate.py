@@ -206,13 +206,14 @@ def test_resume_counts_a_node_whose_slurmd_registered_without_ready_as_up(tmp_pa
            "counted as up; check the guest's OneGate access" in setup.log_text()
 
 
-def _ours_stopped(tmp_path: Path, sim, off: str) -> int:
-    """gpu01's VM made by resume, whose guest reported READY=YES, then stopped by `off`."""
+def _ours_stopped(tmp_path: Path, sim, off: str, body: str = "READY=YES") -> int:
+    """gpu01's VM made by resume, whose guest reported READY=YES (and whatever else `body` says), then
+    stopped by `off`."""
     first = make_setup(tmp_path / "before", sim.endpoint, AUTH,
                        nodesets=READY_SETS.format(timeout=5).replace('"ready"', '"running"'))
     assert resume_main(["gpu01"], first.env) == EXIT_OK
     [vm] = vms_of(sim, "gpu01")
-    assert _put(vm.template["CONTEXT"]["ONEGATE_ENDPOINT"], vm.id, _token(sim, vm.id))[0] == 200
+    assert _put(vm.template["CONTEXT"]["ONEGATE_ENDPOINT"], vm.id, _token(sim, vm.id), body)[0] == 200
     pyone.OneServer(sim.endpoint, session=sim.auth).vm.action(off, vm.id)
     sim.wait_for(lambda: sim.vm(vm.id).state_str in ("POWEROFF", "UNDEPLOYED"), 10)
     assert sim.vm(vm.id).user_template["READY"] == "YES"  # oned keeps it: only a new report overwrites it
@@ -248,7 +249,7 @@ def test_resume_of_a_stopped_vm_whose_guest_reports_again_is_up(tmp_path: Path, 
     try:
         assert resume_main(["gpu01"], setup.env) == EXIT_OK
         assert sim.vm(vm_id).user_template["READY"] == "YES"
-        assert "action=clear-ready result=ok" in setup.log_text()
+        assert "action=clear-stale result=ok" in setup.log_text()
     finally:
         stop.set()
         thread.join(5)
@@ -341,3 +342,21 @@ def test_without_onegate_endpoint_oned_refuses_to_instantiate_token_yes() -> Non
         answer = rpc.one.template.instantiate(sim.auth, 0, "gpu01", False, "", False)
         assert answer[0] is False and "TOKEN set, but onegate endpoint was not defined in oned.conf." in answer[1]
         assert sim.vms() == []
+
+
+def test_a_sched_message_the_guest_wrote_is_cleared_before_its_stopped_vm_is_resumed(tmp_path: Path, sim) -> None:
+    """SCHED_MESSAGE lives in USER_TEMPLATE, which the guest writes through OneGate (onegate-server restricts
+    only SCHED_REQUIREMENTS, SERVICE_ID and ROLE_NAME): a planted one read on the resumed VM, PENDING again,
+    made resume hand the node back as "no free GPU" with the guest's words in its Reason."""
+    planted = "Cannot dispatch VM: No host with enough capacity to deploy the VM: PCI planted-by-the-guest"
+    # its resume goes through PENDING, where the scheduler places it
+    vm_id = _ours_stopped(tmp_path, sim, "undeploy", f"READY=YES\nSCHED_MESSAGE={planted}")
+    assert planted in sim.vm(vm_id).user_template["SCHED_MESSAGE"]
+    with sim.cloud.lock:  # the scheduler places nothing for a second: the resumed VM waits PENDING
+        sim.cloud.stalled_until = sim.cloud.monotonic() + 1.0
+    sets = READY_SETS.format(timeout=20).replace('"ready"', '"running"') + "pending_timeout = 0.05\n"
+    setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=sets)
+    assert resume_main(["gpu01"], setup.env) == EXIT_OK
+    assert sim.vm(vm_id).state_str == "RUNNING" and not sim.vm(vm_id).user_template.get("SCHED_MESSAGE")
+    assert "action=clear-stale result=ok" in setup.log_text() and "planted" not in setup.log_text()
+    assert not [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
