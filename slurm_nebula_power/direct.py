@@ -20,6 +20,7 @@ made again (displaced, booting.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
@@ -62,6 +63,7 @@ class Direct:
         self.placed: dict[int, int] = {}  # vm id -> host id, for the deploys oned accepted
         self._confirmed: set[int] = set()  # placed VMs whose host a later read saw still in service
         self._sets: dict[int, _Set] = {}  # id(nodeset) -> its state
+        self._denied: str | None = None  # why no VM of this run is deployed by us: the user may not deploy
         self._reserved: dict[str, tuple[Host, list[PciDevice]]] = {}  # node -> host chosen before its call
         self._by_job: dict[int, Counter[int]] = {}  # job -> host id -> its VMs there
         self._left: Counter[tuple[int, int]] = Counter()  # (job, id(nodeset)) -> its nodes not placed yet
@@ -109,7 +111,7 @@ class Direct:
         return True
 
     def _state(self, nodeset: NodeSet) -> _Set:
-        return self._sets.setdefault(id(nodeset), _Set())
+        return self._sets.setdefault(id(nodeset), _Set(fallback=self._denied))
 
     # -- one node (in the pool) --
 
@@ -130,6 +132,10 @@ class Direct:
             raise
         except CloudError as exc:
             self._release(boot, vm_id, f"deploy failed: {first_line(exc, REASON_LENGTH)}")
+        except Exception:  # a bug: the run reports it (exit 4), but no VM of ours stays on hold
+            with contextlib.suppress(CloudError):
+                self._release(boot, vm_id, "an internal error while placing it")
+            raise
         return vm_id
 
     def _place(self, boot: Boot, vm_id: int) -> None:
@@ -149,17 +155,18 @@ class Direct:
             except QuotaExceeded:
                 raise
             except CloudAuthError as exc:
-                self._no_right(exc)
-                break
+                self._release(boot, vm_id, self._no_right(exc))
+                return
             except ActionRefused as exc:
                 if "not available for state" in str(exc):
                     return  # no longer on hold: a retried call placed it, or someone released it; the watch judges
                 log.warning("node=%s vm=%d: host %s refused (%s); trying another", boot.node, vm_id, host.name,
                             first_line(exc, REASON_LENGTH))
             except VmNotFound as exc:
-                if "host" not in str(exc):
+                if "virtual machine" in str(exc):  # oned: "Error getting virtual machine [N]."
                     return  # the VM is gone: the watch recreates it
-                log.warning("node=%s vm=%d: host %s is gone; trying another", boot.node, vm_id, host.name)
+                log.warning("node=%s vm=%d: host %s refused (%s); trying another", boot.node, vm_id, host.name,
+                            first_line(exc, REASON_LENGTH))  # its host or its datastore is gone
             with self._lock:
                 if self.rooms is not None:
                     self.rooms.drop(host.id)
@@ -188,7 +195,7 @@ class Direct:
                     hosts = list(hosts_of_domain(hosts, attribute, nodeset.domain))
                 try:
                     state.hosts = candidates(hosts, needs)
-                except Unsupported as exc:
+                except (Unsupported, ValueError, RecursionError) as exc:  # bounded, but from OpenNebula
                     state.fallback = f"the template asks for {exc}, which only oned's scheduler honours"
                 if not state.hosts and state.fallback is None:
                     state.fallback = f"no host of the {len(hosts)} the user sees takes VMs and meets its requirements"
@@ -249,14 +256,17 @@ class Direct:
                     self.rooms.drop(host_id)
             return {b.node for b in confirmed if b.vm_id is not None and self.placed[b.vm_id] in gone}
 
-    def _no_right(self, exc: CloudError) -> None:
-        """The user may not deploy: every node set of this run goes to oned's scheduler."""
+    def _no_right(self, exc: CloudError) -> str:
+        """The user may not deploy: every node set of this run goes to oned's scheduler, those not met yet
+        too (_state); the reason."""
         reason = f"user {self.ctx.config.opennebula.user} may not deploy ({first_line(exc, REASON_LENGTH)})"
         with self._lock:
+            self._denied = self._denied or reason
             for state in self._sets.values():
                 state.fallback = state.fallback or reason
         log.error("%s: oned's scheduler places the VMs of this run; `slurm-nebula-power check` says what to grant",
                   reason)
+        return reason
 
     def _release(self, boot: Boot, vm_id: int, why: str) -> None:
         """Hand the VM on hold to oned's scheduler (never left on hold)."""

@@ -34,6 +34,7 @@ _TOKEN = re.compile(r'\s*(?:(?P<float>-?[0-9]+\.[0-9]+)|(?P<int>-?[0-9]+)|(?P<wo
                     r'|"(?P<quoted>[^"]*)"|(?P<op>[@!&|=<>()]))')
 Predicate = Callable[[Host], bool]
 MOST_TOKENS = 1000
+MOST_NESTING = 32
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -73,6 +74,7 @@ class _Parser:
     def __init__(self, tokens: list[tuple[str, str]]) -> None:
         self.tokens = tokens
         self.pos = 0
+        self.depth = 0  # of `!` and parentheses: bounded, so a hostile expression cannot exhaust the stack
 
     def peek(self) -> tuple[str, str]:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else ("end", "")
@@ -94,14 +96,15 @@ class _Parser:
 
     def unary(self) -> Predicate:
         kind, value = self.take()
-        if (kind, value) == ("op", "!"):
-            inner = self.unary()
-            return lambda host: not inner(host)
-        if (kind, value) == ("op", "("):
-            inner = self.expression()
-            if self.take() != ("op", ")"):
+        if (kind, value) in (("op", "!"), ("op", "(")):
+            self.depth += 1
+            if self.depth > MOST_NESTING:
+                raise Unsupported(f"nesting deeper than {MOST_NESTING}")
+            inner = self.unary() if value == "!" else self.expression()
+            if value == "(" and self.take() != ("op", ")"):
                 raise Unsupported("unbalanced parentheses")
-            return inner
+            self.depth -= 1
+            return (lambda host: not inner(host)) if value == "!" else inner
         if kind not in ("word", "quoted"):
             raise Unsupported(f"unexpected {value!r}")
         return self.comparison(value)
@@ -132,14 +135,16 @@ def _or(a: Predicate, b: Predicate) -> Predicate:
 
 
 _LEADING = {int: re.compile(r"\s*[-+]?[0-9]+"), float: re.compile(r"\s*[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)")}
+MOST_DIGITS = 18  # a longer integer overflows C++'s extraction (the value is skipped), and int() refuses 4,300
 
 
 def _numbers(values: Iterable[str], kind: type) -> list[float]:
-    """The values as C++'s stream extraction reads them (a leading number; values without one are skipped)."""
+    """The values as C++'s stream extraction reads them (a leading number; values without one, or an integer
+    too long for it, are skipped)."""
     out = []
     for value in values:
         found = _LEADING[kind].match(value)
-        if found:
+        if found and (kind is float or len(found.group().strip().lstrip("+-")) <= MOST_DIGITS):
             out.append(float(int(found.group())) if kind is int else float(found.group()))
     return out
 

@@ -71,7 +71,7 @@ class Guard:
         kept = []
         for boot, vm, verdict in out:
             reason = self.held.get(id(boot.nodeset))
-            if reason is not None and (verdict.step is Step.RECREATE or verdict.boot_failure):
+            if reason is not None and (verdict.step in (Step.RECREATE, Step.MOVE) or verdict.boot_failure):
                 verdict = Verdict(Step.FAIL, reason)
             kept.append((boot, vm, verdict))
         waiting = [(b, p) for b, p in waves.waiting if id(b.nodeset) in self.held]

@@ -77,6 +77,22 @@ def test_requirements_we_cannot_evaluate_are_unsupported(text: str) -> None:
         requirement(text)
 
 
+@pytest.mark.parametrize("text", ["!" * 996 + "ID = 3", "(" * 495 + "ID = 3" + ")" * 495])
+def test_a_requirement_nested_deeper_than_the_bound_is_unsupported_never_a_recursion_error(text: str) -> None:
+    # SCHED_REQUIREMENTS are the template's (or whoever rewrites OpenNebula's answers): under the token bound,
+    # 996 `!` recursed past Python's limit and the RecursionError left the first VM on hold (exit 4)
+    with pytest.raises(Unsupported, match="nesting deeper than 32"):
+        requirement(text)
+    assert requirement("!" * 32 + "ID = 3")(H) is True
+
+
+def test_a_host_value_too_long_for_an_integer_is_skipped_as_oned_skips_it() -> None:
+    # int() refuses 4,300 digits: a host attribute of 5,000 made the comparison raise ValueError
+    huge = host(0, FREE_CPU="9" * 5000)
+    assert requirement("FREE_CPU > 400")(huge) is False
+    assert requirement("FREE_CPU > 400")(host(0, FREE_CPU="800")) is True
+
+
 def test_candidates_take_placeable_hosts_meeting_both_requirements() -> None:
     hosts = [host(0), host(1, state=4), host(2, cluster=100), host(3)]
     needs = VmNeeds(cpu=100, memory_kb=1, requirements="(CLUSTER_ID = 0) & !(PIN_POLICY = PINNED)",

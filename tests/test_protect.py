@@ -220,3 +220,26 @@ def test_a_guest_that_never_reports_ready_is_a_boot_failure_unless_its_slurmd_re
     assert [b.node for b in failures["guest did not report READY=YES within boot_timeout 60s (RUNNING)"]] == [
         "gpu01", "gpu03"]
     assert noted == [(1, ["guest did not report READY=YES"] * 2)]
+
+
+def test_a_protected_node_sets_vm_whose_host_left_service_is_not_placed_again(tmp_path) -> None:
+    """Direct placement moves a VM whose host left service after the deploy (Step.MOVE): a new VM, which a
+    protected node set must not get, as a recreate must not."""
+    from types import SimpleNamespace
+
+    from slurm_nebula_power.booting import Boot, Step
+    from slurm_nebula_power.pacing import Pacer, Waves
+    from slurm_nebula_power.protect import Guard
+
+    power = SimpleNamespace(lock_dir=tmp_path, protect_after=3, protect_for=100.0)
+    ctx = SimpleNamespace(config=SimpleNamespace(power=power), owner=None, observe=lambda node, vm: None)
+    guard = Guard(ctx, {})  # type: ignore[arg-type]
+    nodeset = SimpleNamespace(nodes_expr="gpu[01-99]", nodes=("gpu01",))
+    boot = Boot("gpu01", nodeset, 1000.0, vm_id=5)  # type: ignore[arg-type]
+    vm = SimpleNamespace(id=5)
+    waves: Waves[Boot] = Waves(Pacer(30))
+    [(_, _, verdict)] = guard.judged([boot], {5: vm}, 1.0, {}, waves, moved={"gpu01"})  # type: ignore[dict-item]
+    assert verdict.step is Step.MOVE, "not protected: moved"
+    guard.note(nodeset, 0, ["VM failed to boot"] * 3)  # type: ignore[arg-type]
+    [(_, _, verdict)] = guard.judged([boot], {5: vm}, 1.0, {}, waves, moved={"gpu01"})  # type: ignore[dict-item]
+    assert verdict.step is Step.FAIL and "protected after 3 boot failures" in verdict.reason

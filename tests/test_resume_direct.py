@@ -126,6 +126,40 @@ def test_without_the_deploy_right_the_scheduler_places_and_the_log_says_why(tmp_
         assert not [vm for vm in sim.vms() if vm.state == S.HOLD]
 
 
+def test_without_the_deploy_right_a_node_set_met_after_the_refusal_deploys_nothing_either(tmp_path) -> None:
+    # the refusal used to reach only the node sets seen so far: each later one paid an instantiate on hold
+    # and a refused deploy of its own, and its first VM was released as "no host ... has room"
+    sets = nodeset(nodes="gpu[01-04]") + nodeset(nodes="gpu[05-08]")
+    with running_simulator(fast_config(), auth="slurm:Plain-pass-1") as sim:
+        setup = make_setup(tmp_path / "site", sim.endpoint, "slurm:Plain-pass-1", sets)
+        assert resume_main(["gpu[01-02,05-06]"], setup.env) == EXIT_OK
+        assert calls(sim, "one.vm.deploy") == 1 and calls(sim, "one.vm.action") == 1
+        assert not [vm for vm in sim.vms() if vm.state == S.HOLD]
+        assert "no host in the host pool read has room" not in setup.log_text()
+
+
+def test_a_deploy_refused_for_a_missing_datastore_tries_the_next_host(tmp_path, sim, monkeypatch) -> None:
+    # oned's NO_EXISTS names what is missing: only "virtual machine" means the VM is gone; a datastore (or
+    # host) removed meanwhile left the VM on hold until boot_timeout
+    from slurm_nebula_power.cloud import OneCloud
+    from slurm_nebula_power.errors import VmNotFound
+
+    real, refused = OneCloud.deploy, []
+
+    def deploy(self, vm_id: int, host_id: int) -> None:
+        if not refused:
+            refused.append(host_id)
+            raise VmNotFound("[one.vm.deploy] Error getting datastore [0].")
+        real(self, vm_id, host_id)
+
+    monkeypatch.setattr(OneCloud, "deploy", deploy)
+    setup = direct_setup(tmp_path, sim)
+    assert resume_main(["gpu01"], setup.env) == EXIT_OK
+    [vm] = vms_of(sim, "gpu01")
+    assert state(vm) == RUNNING and vm.host != f"gpu-host-{refused[0] + 1:02d}"
+    assert "Error getting datastore [0]" in setup.log_text()
+
+
 def test_the_deploy_right_granted_in_the_user_template_is_enough(tmp_path) -> None:
     with running_simulator(fast_config(), auth="slurm:Plain-pass-1") as sim:
         sim.set_user_template(VM_MANAGE_OPERATIONS="deploy")
