@@ -617,7 +617,7 @@ def test_onegate_put_writes_only_the_user_template(backend: Backend) -> None:
 
 @pytest.mark.parametrize("off", ["poweroff", "undeploy"])
 def test_ready_outlives_the_boot_that_reported_it_until_an_update_clears_it(backend: Backend, off: str) -> None:
-    """What resume's clear_ready rests on: oned keeps a guest's READY=YES while the VM is off, and a merge
+    """What resume's clear_stale rests on: oned keeps a guest's READY=YES while the VM is off, and a merge
     update of a VM that is off replaces it."""
     extra = extra_template("c1", "gpu01", [], backend.one.template.info(backend.gpu_template).TEMPLATE["CONTEXT"])
     vm_id = backend.running(name="gpu01", extra=extra)
