@@ -35,12 +35,12 @@ def script(name: str, directory: Path, env: dict[str, str] | None = None) -> sub
     """Run tests/oned/<name> DIR (start.sh, stop.sh) with `env` added: here, or in a release root on the host."""
     if not HOST_ROOT:
         return subprocess.run(["bash", str(SCRIPTS / name), str(directory)], env={**os.environ, **(env or {})},
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=1200)
     passed = {k: v for k, v in {**os.environ, **(env or {})}.items() if k.startswith(("ONE_", "ONED_"))}
     argv = ["chroot", HOST_ROOT, "/usr/bin/env", "-i", f"PATH={HOST_PATH}", "HOME=/root", "LANG=C.UTF-8",
             *(f"{k}={v}" for k, v in sorted(passed.items())),
             "bash", ROOT_ON_HOST + str(SCRIPTS / name), ROOT_ON_HOST + str(directory)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=1200)
 
 
 class OnedUnavailable(Exception):
@@ -145,7 +145,8 @@ def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1"
         done = script("start.sh", root / "one", settings)
     except subprocess.TimeoutExpired:
         script("stop.sh", root / "one")
-        raise OnedFailed(f"oned {version} did not start within 300 s (log: {root / 'one' / 'var'})") from None
+        raise OnedFailed(f"oned {version} did not start within 1200 s, its turn included "
+                         f"(log: {root / 'one' / 'var'})") from None
     last = (done.stderr.strip().splitlines() or [""])[-1]
     if done.returncode == NOT_BUILT or "no OpenNebula" in done.stderr:
         shutil.rmtree(root, ignore_errors=True)
