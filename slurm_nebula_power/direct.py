@@ -31,7 +31,6 @@ from functools import partial
 
 from .booting import Boot
 from .config import NodeSet
-from .domains import hosts_of_domain
 from .errors import ActionRefused, CloudAuthError, CloudError, QuotaExceeded, VmNotFound, first_line
 from .gate import Gate
 from .hosts import Host, PciDevice, VmNeeds
@@ -188,11 +187,8 @@ class Direct:
         with self._lock:
             if state.needs is None:
                 state.needs = needs
+                # a node set's domain is in the VM's SCHED_REQUIREMENTS (gate.placing), which candidates honours
                 hosts = list(self.rooms.hosts.values()) if self.rooms is not None else []
-                attribute = self.ctx.config.opennebula.domain_attribute
-                if nodeset.domain is not None and attribute is not None:
-                    # the VM's SCHED_REQUIREMENTS name the domain too (gate.placing): this holds without it
-                    hosts = list(hosts_of_domain(hosts, attribute, nodeset.domain))
                 try:
                     state.hosts = candidates(hosts, needs)
                 except (Unsupported, ValueError, RecursionError) as exc:  # bounded, but from OpenNebula

@@ -86,8 +86,8 @@ def test_a_vm_lost_under_a_job_sends_the_job_back_to_the_queue_and_is_removed(e2
     c = env.cluster
     marker = c.base / "runs"
     # The job counts its runs; the first run waits for the test, a later one ends at once, before any srun:
-    # 22.05.8's slurmctld segfaulted (an srvcn thread, a NULL write) as the rerun's srun asked for its step
-    # in 2 of 8 runs here, once the requeue was done and the node up again.
+    # 22.05.8's slurmctld segfaulted once here (dmesg: an srvcn thread, a NULL write) as the rerun's srun asked
+    # for its step, once the requeue was done and the node up again (a second failed run's cause was not read).
     script = job_script(first=f"echo run >> {marker}; [ $(wc -l < {marker}) -gt 1 ] && exit 0; sleep 600")
     job = c.sbatch(script=script, nodes=1)
     env.wait(lambda: marker.exists(), 60, f"job {job} running")

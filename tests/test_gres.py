@@ -299,7 +299,11 @@ def real_outcome(cluster: SlurmCluster) -> tuple[bool, str]:
             return state
         return "ended" if "fatal:" in cluster.log_text("slurmd-gpu01.log") else ""
 
-    state = cluster.wait_for(registered_or_ended, 90, "gpu01 registered, or its slurmd ended")
+    try:
+        state = cluster.wait_for(registered_or_ended, 90, "gpu01 registered, or its slurmd ended")
+    except SlurmTimeout as exc:  # what the guest's slurmd said decides why it never registered
+        raise SlurmTimeout(f"{exc}\n--- slurmd-gpu01.log (tail) ---\n{cluster.log_tail('slurmd-gpu01.log', 40)}"
+                           ) from None
     if state == "ended":
         return False, f"slurmd ended after it started: {last_fatal(cluster.log_text('slurmd-gpu01.log'))}"
     if "DRAIN" in state or "INVALID" in state:
