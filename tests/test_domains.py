@@ -148,7 +148,8 @@ def test_resume_places_each_nodes_vm_only_on_hosts_of_its_domain(tmp_path) -> No
 def test_direct_placement_deploys_each_nodes_vm_only_to_hosts_of_its_domain(tmp_path) -> None:
     # pack alone would put all four on gpu-host-01 (4 GPUs): the domain decides
     with domain_sim(gpus=4) as sim:
-        setup = domain_site(tmp_path, sim, NODESETS.replace("boot_timeout = 20\n", 'boot_timeout = 20\nplacement = "direct"\n'))
+        direct = NODESETS.replace("boot_timeout = 20\n", 'boot_timeout = 20\nplacement = "direct"\n')
+        setup = domain_site(tmp_path, sim, direct)
         assert resume_main(["gpu[01-04]"], setup.env) == EXIT_OK
         assert sim.stats()["calls"]["one.vm.deploy"] == 4, "each VM deployed where resume chose, none by the scheduler"
         for node, domain in (("gpu01", "nvl-a"), ("gpu02", "nvl-a"), ("gpu03", "nvl-b"), ("gpu04", "nvl-b")):
