@@ -35,6 +35,7 @@ guarantee: no VM twice for a node, none left once the nodes idle.
 from __future__ import annotations
 
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -83,9 +84,13 @@ def test_backup_controller_takes_over_a_resume_in_flight_one_vm_per_node(e2e, ki
     booted = env.wait(booting, 30, "two VMs booting, their addresses in slurmctld")
     told_at = time.time()
     if kill_point == "after-state-save":
-        # slurmctld writes node_state a few seconds after a change; the VMs still boot meanwhile.
+        # slurmctld writes node_state within a few seconds of a change; the VMs still boot meanwhile. The
+        # file, not its mtime, says whether the addresses are in it: under load the save can come before this
+        # poll saw the addresses, and then no later change makes another (a CI run waited 10 s in vain).
         saved = c.base / "state" / "node_state"
-        env.wait(lambda: saved.exists() and saved.stat().st_mtime > told_at, 10, "node_state saved")
+        packed = [struct.pack(">I", len(vm.ip) + 1) + vm.ip.encode() + b"\0" for vm in booted]  # packstr()
+        env.wait(lambda: saved.exists() and all(p in saved.read_bytes() for p in packed), 10,
+                 "node_state saved with both addresses")
         assert not any(vm.state_str == "RUNNING" for vm in env.live_vms()), "killed after the boot, not during"
     nodes = sorted(vm.name for vm in booted)
     down = sorted(set(NODES) - set(nodes))
