@@ -187,10 +187,6 @@ def _skip_slurm_tests_without_binaries(items: list[pytest.Item]) -> None:
         for item in items:
             if "slurm" in item.keywords:
                 item.add_marker(skip)
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "oned" in callspec.params:
-            item.add_marker(pytest.mark.xdist_group(f"oned-{callspec.params['oned']}"))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
