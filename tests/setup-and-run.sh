@@ -118,9 +118,10 @@ failures() {
     head -n 600
   tail -n 60 "$1"
 }
-host_args=(-n 2 --dist loadgroup --durations=25)  # the slowest 25: where a run's time goes
+host_args=(-n "${HOST_WORKERS:-3}" --dist loadgroup --durations=25)  # the slowest 25: where a run's time goes
 if [[ $releases == *" 22.05 "* ]]; then host_args+=(-m "not kvm"); else host_args+=(-m "not slurm and not kvm"); fi
-# Two workers: most of the time goes to waiting on real slurmctld/slurmd and oned, which overlaps well. The
+# Three workers on two cores: a third of the host's time goes to waiting on real slurmctld/slurmd and oned
+# (a slurm test sleeps through SuspendTime, ResumeTimeout, a takeover), which a third worker overlaps. The
 # tests of one oned release stay on one worker (loadgroup), so each release starts once.
 set +e
 .venv/bin/python -m pytest "${host_args[@]}" "$@"
