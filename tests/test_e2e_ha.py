@@ -89,8 +89,11 @@ def test_backup_controller_takes_over_a_resume_in_flight_one_vm_per_node(e2e, ki
         # poll saw the addresses, and then no later change makes another (a CI run waited 10 s in vain).
         saved = c.base / "state" / "node_state"
         packed = [struct.pack(">I", len(vm.ip) + 1) + vm.ip.encode() + b"\0" for vm in booted]  # packstr()
-        env.wait(lambda: saved.exists() and all(p in saved.read_bytes() for p in packed), 10,
-                 "node_state saved with both addresses")
+
+        def saved_both() -> bool:
+            data = saved.read_bytes() if saved.exists() else b""
+            return all(p in data for p in packed)
+        env.wait(saved_both, 10, "node_state saved with both addresses")
         assert not any(vm.state_str == "RUNNING" for vm in env.live_vms()), "killed after the boot, not during"
     nodes = sorted(vm.name for vm in booted)
     down = sorted(set(NODES) - set(nodes))

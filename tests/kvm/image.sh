@@ -18,7 +18,8 @@ OPTIONS=(--suite "$SUITE" --slurm-release 22.05 --kernel cloud --size 2G --hook 
 die() { echo "image.sh: $*" >&2; exit 1; }
 [ -f "$ONE_CONTEXT" ] || die "no $ONE_CONTEXT (OpenNebula's one-apps, see ../shared/one-apps/SOURCE.md)"
 # The hook's content counts, not where the checkout is (a clone elsewhere reuses the image).
-key="$( { printf '%s\n' "${OPTIONS[@]//"$HERE"/tests/kvm}"; cat "$REPO"/slurm_nebula_power/image{build,disk,spec}.py "$0" \
+key="$( { printf '%s\n' "${OPTIONS[@]//"$HERE"/tests/kvm}"
+         cat "$REPO"/slurm_nebula_power/image{build,disk,spec}.py "$0" \
          "$HERE/test-hook.sh" "$ONE_CONTEXT"; } | sha256sum | cut -c1-12)"
 dest="$CACHE/$SUITE-$key"
 if [ "${1:-}" = --path ]; then
