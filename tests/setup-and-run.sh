@@ -118,9 +118,10 @@ failures() {
     head -n 600
   tail -n 60 "$1"
 }
-host_args=(-n "${HOST_WORKERS:-3}" --dist loadgroup --durations=25)  # the slowest 25: where a run's time goes
+host_args=(-n "${HOST_WORKERS:-2}" --dist loadgroup --durations=25)  # the slowest 25: where a run's time goes
 if [[ $releases == *" 22.05 "* ]]; then host_args+=(-m "not kvm"); else host_args+=(-m "not slurm and not kvm"); fi
-# Three workers on two cores: a third of the host's time goes to waiting on real slurmctld/slurmd and oned
+# Two workers (HOST_WORKERS=3 ran the host's part in 20.5 minutes instead of 29.7, but in its second run a
+# slurmd started and never registered with 22.05's slurmctld: test_prolog, 2026-12-06, cause not found). With three: a third of the host's time goes to waiting on real slurmctld/slurmd and oned
 # (a slurm test sleeps through SuspendTime, ResumeTimeout, a takeover), which a third worker overlaps: a warm
 # run's host part went from 29.7 to 20.5 minutes (with the roots' oned 7.0.2 tests gone as well). The
 # tests of one oned release stay on one worker (loadgroup), so each release starts once.
