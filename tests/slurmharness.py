@@ -137,6 +137,7 @@ SCONTROL = {scontrol!r}
 SLURMD = {slurmd!r}
 GUEST = {guest!r}  # tests/vmnet.py: runs a command in a network namespace of its own at the VM's address
 CONF = os.environ.get("SLURM_CONF", "")
+ASKED = {{{asked_env!r}: repr(time.time())}}  # this boot's request: no guest of it starts before the next second
 def note(**fields):
     with open(RECORD, "a") as f:
         f.write(json.dumps(dict(fields, t=time.time(), pid=os.getpid())) + "\\n")
@@ -161,7 +162,7 @@ def boot(nodes, addrs, guest_addrs=None):
              "NodeHostname=" + ",".join(nodes))
     for n, a in zip(nodes, guest_addrs or addrs):
         p = subprocess.run([*GUEST, a, n, "--", SLURMD, "-b", "-N", n, "-f", CONF], stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, **ASKED))
         note(event="slurmd", node=n, addr=a, rc=p.returncode, out=p.stdout + p.stderr)
 '''
 
@@ -173,7 +174,7 @@ def recording_program(path: Path, record: Path, action: str = "", binaries: Mapp
     guest_addrs=None), note(**fields)."""
     bins = dict(binaries) if binaries else find_binaries()
     body = RECORDING_BODY.format(record=str(record), scontrol=bins["scontrol"], slurmd=bins["slurmd"],
-                                 guest=vmnet.guest_argv("", [])[:2])
+                                 guest=vmnet.guest_argv("", [])[:2], asked_env=vmnet.ASKED_AT_ENV)
     return python_program(path, body + "\n" + action + "\n")
 
 

@@ -20,6 +20,18 @@ The namespace lives as long as a process runs in it (slurmd daemonizes and keeps
 worker's guests): when the guest's daemons are stopped by pid, the namespace, the veth pair and the route
 go with them, and the address is local to the session again (a connection to it is refused, as before).
 
+A VM is never up in the second it was asked for, and neither is a guest here: its program starts at the
+earliest at the next whole second of the wall clock after the boot was asked for (VMNET_BOOT_ASKED_AT, in
+seconds since the epoch, from a caller that boots several guests for one request; else the moment vmnet
+starts). slurmctld needs that of a `slurmd -b`: it takes a node's boot time as its own time(NULL) less the
+uptime slurmd reports, and ignores, at debug level, a powering-up node's registration that says it booted
+before the second its ResumeProgram was started (waiting_for_node_boot); such a slurmd never registers
+again and the node stays POWERING_UP until ResumeTimeout. 22.05's -b reports the whole seconds the system's
+uptime turned since slurmd started, and those turn at another moment of the second than the wall clock's:
+a slurmd started in the request's own second, with the uptime's second turning between its start and its
+registration, said it booted a second before it was asked to (seen: a job's node never registered, the
+other did in 1.2 s). From the next second on, the boot time it reports is never before the request.
+
 Run as a program (what the power programs and hooks call): `vmnet.py ADDR HOSTNAME -- ARGV...` starts ARGV
 in a new guest namespace and exits with its status (slurmd: once it has daemonized); with ADDR "" only the
 hostname is its own (a UTS namespace on the session's network: a controller host at 127.0.0.1). Standard library only:
@@ -31,12 +43,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import ipaddress
+import math
 import os
 import secrets
 import select
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,6 +62,7 @@ SESSION_ADDR = "127.0.0.1"  # the session namespace's address as the guests see 
 VETH_PREFIX = "snp"  # the session-side ends: snp + 8 hex digits
 RULE_PREF_MAIN, RULE_PREF_LOCAL = 50, 100
 HANDSHAKE_SECONDS = 20.0  # bound for each side waiting for the other while a guest namespace is made
+ASKED_AT_ENV = "VMNET_BOOT_ASKED_AT"  # when the boot was asked for (epoch seconds); see the module doc
 
 
 class VmnetError(RuntimeError):
@@ -124,6 +139,24 @@ def guest_argv(addr: str, argv: Sequence[str], hostname: str | None = None,
     return [python, str(Path(__file__).resolve()), addr, hostname or "", "--", *argv]
 
 
+def boot_not_before(asked_at: float) -> float:
+    """The earliest moment a guest asked for at `asked_at` starts: the next whole second of the wall clock."""
+    return math.floor(asked_at) + 1.0
+
+
+def _asked_at(started: float) -> float:
+    value = os.environ.get(ASKED_AT_ENV, "")
+    if not value:
+        return started
+    try:
+        asked = float(value)
+    except ValueError:
+        asked = math.nan
+    if not math.isfinite(asked) or asked > started:
+        raise VmnetError(f"{ASKED_AT_ENV}={value!r}: want the epoch seconds when the boot was asked for")
+    return asked
+
+
 def _read_byte(fd: int, what: str) -> None:
     ready, _, _ = select.select([fd], [], [], HANDSHAKE_SECONDS)
     if not ready or os.read(fd, 1) != b"g":
@@ -179,6 +212,7 @@ def _outside(addr: str, hostname: str, argv: list[str]) -> int:
 
 def main(args: list[str]) -> int:
     """`vmnet.py ADDR HOSTNAME -- ARGV...`: ARGV's exit status; 70 when the namespace could not be made."""
+    started = time.time()
     try:
         if args[:1] == ["--inside"]:
             ready_fd, go_fd, addr, hostname, _sep, *argv = args[1:]
@@ -195,6 +229,7 @@ def main(args: list[str]) -> int:
         if not in_private_namespace():
             raise VmnetError("not inside the test session's private network namespace: refusing to change "
                              "this namespace's network")
+        time.sleep(max(0.0, boot_not_before(_asked_at(started)) - time.time()))
         return _outside(addr, hostname, argv)
     except ValueError:
         print("usage: vmnet.py ADDR HOSTNAME -- ARGV...", file=sys.stderr)
