@@ -4,6 +4,7 @@ parser the host pool's fields go through)."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -164,14 +165,17 @@ class VmNeeds:
     pinned: bool = False  # TEMPLATE/TOPOLOGY with a PIN_POLICY other than NONE (NUMA pinning)
 
 
+_CPU = re.compile(r"([0-9]{0,7})(?:\.([0-9]{0,9}))?")  # oned's CPU: a decimal number of physical CPUs
+
+
 def _cpu_units(text: str | None) -> int:
-    try:
-        value = float((text or "0").strip() or "0")
-    except ValueError:
-        raise ValueError("VM/TEMPLATE/CPU is not a number") from None
-    if not 0 <= value < 1e7:
-        raise ValueError("VM/TEMPLATE/CPU is out of range")
-    return round(value * 100)
+    """VM/TEMPLATE/CPU in hundredths of a CPU (oned's host CPU units), strictly: ASCII digits with at most
+    one decimal point, no sign, exponent, underscore, nan or other digit scripts (float() takes them all)."""
+    found = _CPU.fullmatch((text or "").strip() or "0")
+    if found is None or not (found.group(1) or found.group(2)):
+        raise ValueError("VM/TEMPLATE/CPU is not a number")
+    whole, fraction = found.group(1), (found.group(2) or "")
+    return int(whole or "0") * 100 + round(int((fraction + "000")[:3]) / 10)
 
 
 def vm_needs_from_xml(text: str) -> VmNeeds:

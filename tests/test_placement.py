@@ -197,6 +197,19 @@ VM_7_0_2 = """<VM><ID>0</ID><STATE>2</STATE><TEMPLATE><AUTOMATIC_DS_REQUIREMENTS
 <USER_TEMPLATE><SCHED_REQUIREMENTS><![CDATA[ID=1]]></SCHED_REQUIREMENTS></USER_TEMPLATE></VM>"""
 
 
+@pytest.mark.parametrize("cpu, units", [("0.1", 10), ("2", 200), (".5", 50), ("1.", 100), ("0.125", 12),
+                                        ("0.999", 100), ("", 0), ("9999999.99", 999999999)])
+def test_a_vm_cpu_is_read_in_hundredths(cpu: str, units: int) -> None:
+    assert vm_needs_from_xml(VM_7_0_2.replace("<![CDATA[0.1]]>", cpu)).cpu == units
+
+
+@pytest.mark.parametrize("cpu", ["1_0", "\u0661", "nan", "inf", "1e3", "-1", "+1", ".", "0x1", "1.2.3", "12345678"])
+def test_a_vm_cpu_that_is_not_a_plain_decimal_is_refused_without_its_value(cpu: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        vm_needs_from_xml(VM_7_0_2.replace("<![CDATA[0.1]]>", cpu))
+    assert str(refused.value) == "VM/TEMPLATE/CPU is not a number"
+
+
 def test_a_vm_document_gives_what_it_asks_of_a_host() -> None:
     needs = vm_needs_from_xml(VM_7_0_2)
     assert (needs.cpu, needs.memory_kb, needs.sched_requirements) == (10, 128 * 1024, "ID=1")
