@@ -89,15 +89,23 @@ for release in 24.11 26.05; do
   pid_of[$release]=$!
 done
 # The real VM boot (-m kvm: tests/test_real_kvm_boot.py, the image's contents) on the host's Slurm (22.05:
-# the image is Debian 12), in the background once the image is built and the roots' runs are over: beside
-# the host's last minutes rather than beside the roots' (five workers with the host's three), since one
-# TCG guest takes a core for minutes. KVM_ONED_VERSIONS: its oned releases (default 7.0.2).
+# the image is Debian 12), in the background once the image is built and the first root's run is over:
+# beside the host's last minutes rather than beside the roots' (five workers with the host's three), since
+# one TCG guest takes a core for minutes. The roots end within a minute of each other (8-54 s apart in
+# three runs), and the run ends with the boot: waiting for the second cost that minute. KVM_ONED_VERSIONS:
+# its oned releases (default 7.0.2).
 kvm_pid=""
 if [[ $releases == *" 22.05 "* ]]; then
-  echo "the real VM boot: in the background once the roots' runs are over; log: $logs/kvm.log" >&2
+  echo "the real VM boot: in the background once the first root's run is over; log: $logs/kvm.log" >&2
   (
-    for q in "${pid_of[@]}" "$image_pid"; do
-      while kill -0 "$q" 2>/dev/null && [ ! -e "$logs/stop" ]; do sleep 5; done
+    roots_running() {
+      local q n=0
+      for q in "${pid_of[@]}"; do ! kill -0 "$q" 2>/dev/null || n=$((n + 1)); done
+      echo "$n"
+    }
+    while kill -0 "$image_pid" 2>/dev/null && [ ! -e "$logs/stop" ]; do sleep 5; done
+    while [ "${#pid_of[@]}" -gt 0 ] && [ "$(roots_running)" -eq "${#pid_of[@]}" ] && [ ! -e "$logs/stop" ]; do
+      sleep 5
     done
     [ ! -e "$logs/stop" ] || exit 130
     echo "kvm: started at $(date -u +%T); image: $(tail -n 1 "$logs/image.log")"
