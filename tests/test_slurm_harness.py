@@ -110,8 +110,9 @@ def test_a_registration_that_reports_a_boot_before_the_power_up_is_not_the_boot(
     """The rule the guests' timing keeps to (tests/vmnet.py): slurmctld takes a node's boot time as its own
     clock less the uptime slurmd reports, and a powering-up node whose slurmd says it booted before the
     power-up was asked for is not up: its registration is taken (BootTime changes) and the node stays
-    POWERING_UP; slurmd sends no other. Here slurmd runs without -b, so its uptime is the machine's, as in a
-    guest whose uptime is not its own (a container on the host's kernel, a VM restored with slurmd running).
+    POWERING_UP (slurmd then sends no other: 22.05's and 24.11's source). Here slurmd runs without -b, so
+    its uptime is the machine's, as in a guest whose uptime is not its own (a container on the host's
+    kernel, a VM restored with slurmd running).
     The same node then registers from a slurmd -b started after the request."""
     cluster: SlurmCluster = slurm_factory(nodes=["cloud1"])
     cluster.scontrol("update", "NodeName=cloud1", "NodeAddr=127.0.1.1")

@@ -306,3 +306,39 @@ def test_probe_requeue_while_powering_up(slurm_factory, tmp_path, prolog_exit) -
            timeline=seen, prolog=starts, job_fields={k: jinfo.get(k) for k in (
                "JobState", "Reason", "Restarts", "BeginTime", "EligibleTime", "NodeList", "SchedNodeList")},
            slurmctld_log=ctld[-20:])
+
+
+# ---- 4. a slurmd -b started in its power-up's own second (tests/vmnet.py's boot wait) ------------------
+
+def _uptime_turns_at() -> float:
+    """The fraction of each wall-clock second at which the system's uptime (sysinfo) turns."""
+    return (1 - (time.clock_gettime(time.CLOCK_BOOTTIME) - time.clock_gettime(time.CLOCK_REALTIME)) % 1) % 1
+
+
+@pytest.mark.parametrize("start", ["in the request's second", "as test VMs do"])
+def test_probe_slurmd_b_started_in_the_power_up_second(slurm_factory, monkeypatch, start) -> None:
+    """16 power-ups, each with slurmctld restarted so that its power-save pass falls early in a second, and
+    `slurmd -b` started just before the uptime's second turns (2 ms later each time): how many stay
+    POWERING_UP, and their Uptime= lines. "in the request's second" tells vmnet the boot was asked a second
+    earlier (no wait: what the harness did before); "as test VMs do" keeps vmnet's wait."""
+    nodes = [f"cloud{i}" for i in range(1, 17)]
+    cluster: SlurmCluster = slurm_factory(nodes=nodes)
+    turns, results = _uptime_turns_at(), []
+    for i, node in enumerate(nodes, 1):
+        addr = f"127.0.1.{i}"
+        time.sleep((int(time.time()) + 1.55) - time.time())  # slurmctld's pass then lands early in a second
+        cluster.restart_slurmctld(clear_state=True)
+        cluster.scontrol("update", f"NodeName={node}", f"NodeAddr={addr}")
+        cluster.scontrol("update", f"NodeName={node}", "State=POWER_UP")
+        seen = cluster.wait_until(lambda n=node: (time.time(), cluster.node_state(n)),
+                                  lambda s: "POWERING_UP" in s[1], 30, f"{node} powering up")[0]
+        time.sleep(max(0.0, int(seen) + turns - 0.165 + i * 0.002 - time.time()))
+        if start == "in the request's second":
+            monkeypatch.setenv("VMNET_BOOT_ASKED_AT", repr(time.time() - 1))
+        cluster.start_slurmd(node, addr)
+        time.sleep(2.5)
+        uptime = re.findall(r"Uptime=(\d+)", cluster.log_text(f"slurmd-{node}.log"))
+        results.append({"node": node, "state": cluster.node_state(node), "uptime": uptime})
+    stuck = [r for r in results if "POWERING_UP" in r["state"]]
+    report("slurmd_b_in_the_power_up_second", start=start, stuck=len(stuck), of=len(results),
+           uptime_of_stuck=[r["uptime"] for r in stuck], uptime_turns_at=round(turns, 3))
