@@ -320,7 +320,16 @@ class Scontrol:
         names = list(nodes)
         if not names:
             return {}
-        out = self.run("show", "node", "-o", fold(names))
+        try:
+            out = self.run("show", "node", "-o", fold(names))
+        except SlurmUnreachable:
+            raise
+        except SlurmError as exc:  # "Node gpu04 not found": every node, and those it knows of these
+            if "not found" not in str(exc):
+                raise
+            wanted = set(names)
+            return {name: state for name, state in parse_show_node(self.run("show", "node", "-o")).items()
+                    if name in wanted}
         return parse_show_node(out)
 
 

@@ -33,9 +33,10 @@ def check_coverage(report: Report, config: Config, conf: SlurmConf) -> None:
         if missing:
             report.problem(f"node set {nodeset.nodes_expr}", f"{fold(missing)} not in slurm.conf",
                            "add NodeName lines with State=CLOUD (slurm-nebula-power slurm-conf prints them)")
-        if static:
-            report.problem(f"node set {nodeset.nodes_expr}", f"{fold(static)} not State=CLOUD in slurm.conf: "
-                           "slurmctld never powers them up or down", "add State=CLOUD to their NodeName line")
+        if static:  # a production node inside a node set's hostlist: never to be made a cloud node
+            report.problem(f"node set {nodeset.nodes_expr}", f"{fold(static)} are static nodes in slurm.conf (no "
+                           "State=CLOUD): resume refuses them and never makes a VM for them",
+                           f"take {fold(static)} out of the node set's nodes (a node set holds cloud nodes only)")
     if len(report.problems) == before:
         report.ok(f"slurm.conf {conf.path}", f"{len(cloud)} State=CLOUD nodes, all in node sets")
 

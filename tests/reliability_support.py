@@ -181,13 +181,20 @@ class SlurmModel:
         self.absorb()
         self.up -= set(nodes)
 
-    def publish(self) -> None:
-        """Make the fake scontrol's `show node -o` print this view (for reconcile)."""
+    def publish(self, powering_up: Iterable[str] = ()) -> None:
+        """Make the fake scontrol's `show node -o` print this view (for reconcile), with `powering_up` the nodes
+        slurmctld is resuming (what it says while it runs the ResumeProgram for them)."""
         self.absorb()
-        self.setup.set_nodes(show(*(f"{n} State=IDLE+CLOUD" + (f" NodeAddr={self.addr[n]}" if n in self.addr
-                                                                  else "")
-                                    if n in self.up else f"{n} State=IDLE+CLOUD+POWERED_DOWN"
-                                    for n in self.nodes)))
+        starting = set(powering_up)
+
+        def state(n: str) -> str:
+            if n in starting:
+                return f"{n} State=IDLE+CLOUD+POWERING_UP"
+            if n in self.up:
+                return f"{n} State=IDLE+CLOUD" + (f" NodeAddr={self.addr[n]}" if n in self.addr else "")
+            return f"{n} State=IDLE+CLOUD+POWERED_DOWN"
+
+        self.setup.set_nodes(show(*(state(n) for n in self.nodes)))
 
 
 # ---- a spy on the simulator's API ------------------------------------------------------------------

@@ -31,6 +31,14 @@ elif sys.argv[1:3] == ["show", "node"]:
             json.dump(outputs[1:], open(seq, "w"))
     elif os.path.exists(path):
         print(open(path).read(), end="")
+    elif len(sys.argv) > 4:  # no state given: every node asked for is a cloud node slurmctld is powering up
+        import re  # python-hostlist may be missing from the interpreter: a[01-03,05],b1 forms only
+        for name, ranges in re.findall(r"([^,\\[]+)(?:\\[([^\\]]*)\\])?", sys.argv[4]):
+            for part in (ranges.split(",") if ranges else [""]):
+                low, _, high = part.partition("-")
+                for i in (range(int(low), int(high or low) + 1) if part else [None]):
+                    node = name if i is None else name + str(i).zfill(len(low))
+                    print("NodeName=" + node + " Arch=x86_64 State=IDLE+CLOUD+POWERING_UP Reason=")
 elif sys.argv[1:3] == ["show", "job"]:
     path = os.path.join(here, "scontrol.job")
     if os.path.exists(path):

@@ -118,6 +118,8 @@ def run_chaos(tmp_path: Path, seed: int, rounds: int, capsys) -> Figures:
                 run_reconcile(when)
                 continue
             main = {"resume": resume_main, "suspend": suspend_main, "resume-fail": resume_fail_main}[op]
+            if op == "resume":
+                model.publish(powering_up=nodes)  # slurmctld powers them up before it runs resume
             code = main([fold(nodes)], env)
             capsys.readouterr()
             figures.exits[f"{op} {code}"] += 1

@@ -165,7 +165,8 @@ def test_unknown_template_hands_back_without_creating_anything(sim, setup) -> No
 
 
 def test_a_node_slurmctld_powers_up_outside_every_nodeset_is_handed_back_the_rest_proceed(sim, setup) -> None:
-    setup.set_nodes("NodeName=other7 State=IDLE+CLOUD+POWERING_UP Reason=x\n")
+    setup.set_nodes("NodeName=other7 State=IDLE+CLOUD+POWERING_UP Reason=x\n"
+                    "NodeName=gpu01 State=IDLE+CLOUD+POWERING_UP Reason=\n")
     assert resume_main(["gpu01,other7"], setup.env) == EXIT_NODES_FAILED
     assert len(vms_of(sim, "gpu01")) == 1 and not vms_of(sim, "other7")
     assert "other7 is in no [[nodeset]]" in setup.log_text()

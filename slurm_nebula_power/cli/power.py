@@ -15,6 +15,10 @@ def _power_program(prog: str, description: str, operation: str, argv: Sequence[s
                    environ: Mapping[str, str] | None) -> int:
     parser = make_parser(prog, description)
     parser.add_argument("hostlist", help="Slurm hostlist expression, e.g. gpu[01-04]")
+    if operation == "resume":
+        parser.add_argument("--force", action="store_true", help="resume cloud nodes slurmctld is not powering "
+                            "up (by hand: their VMs are ones Slurm does not know of; prefer scontrol update "
+                            "NodeName=... State=POWER_UP); never static nodes or nodes unknown to slurmctld")
     args = parse(parser, argv)
     if isinstance(args, int):
         return args

@@ -7,16 +7,18 @@ import argparse
 import logging
 import os
 import time
+import tomllib
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
-from ..config import Config
+from ..config import Config, find_config
 from ..errors import EXIT_INTERNAL, EXIT_NODES_FAILED, EXIT_OK, ConfigError, PowerError, UsageError, first_line
 from ..hostlists import expand, fold
 from ..locks import NodeLocks
 from ..operation import Context, Outcome
 from ..operation import hand_back as _hand_back
 from ..resume import resume
-from ..slurm import jobs_from_resume_file, scontrol_for
+from ..slurm import Scontrol, find_scontrol, jobs_from_resume_file, scontrol_for
 from ..suspend import power_down
 from .common import (
     audit_log,
@@ -44,9 +46,11 @@ def run(prog: str, operation: str, args: argparse.Namespace, environ: Mapping[st
         setup_logging(prog, config)
         nodes = expand(args.hostlist)
         if detachable:
-            _refuse_strays(config, env, nodes)
+            _admit(config, env, nodes, force=getattr(args, "force", False))
     except PowerError as exc:
         report_error(prog, str(exc))
+        if detachable and isinstance(exc, ConfigError):
+            _hand_back_unconfigured(args.hostlist, args.config, env)
         return exc.exit_code
     if detachable and config.power.detach and _detach():
         log.info("detached: %s continues in the background", args.hostlist)
@@ -55,25 +59,80 @@ def run(prog: str, operation: str, args: argparse.Namespace, environ: Mapping[st
                        hands_back=detachable)
 
 
-def _refuse_strays(config: Config, environ: Mapping[str, str], nodes: list[str]) -> None:
-    """Nodes in no node set are handed back only while slurmctld is powering them up (it asked for them);
-    any other is a mistyped name or a node that is not ours (a login node, a static node): the call is
-    refused whole, with nothing done, and no node of someone else's is ever forced down."""
+def _admit(config: Config, environ: Mapping[str, str], nodes: list[str], force: bool) -> None:
+    """Resume acts only on what slurmctld asked for: the call is refused whole (exit 2, nothing done, no VM,
+    no address changed) when any node is
+
+    - in no node set and not being powered up by slurmctld (a mistyped name, a login node): a node in no
+      node set that slurmctld does power up is handed back, so its job does not wait for ResumeTimeout;
+    - unknown to slurmctld (no NodeName line), or a static node (no CLOUD flag): never a VM, --force or not;
+    - a cloud node slurmctld is not powering up (resume run by hand on a powered-down node would make a VM
+      Slurm never learns of, whose GPU stays taken until reconcile's grace ends): unless --force.
+
+    When slurmctld cannot be asked, a run slurmctld started (it sets SLURM_RESUME_FILE) goes on with a
+    warning, since it asked for these nodes; a run by hand is refused."""
     strays = [node for node in nodes if config.nodeset_for(node) is None]
-    if not strays:
-        return
     sets = ", ".join(ns.nodes_expr for ns in config.nodesets)
     try:
-        states = scontrol_for(config, environ).show_nodes(strays)
+        states = scontrol_for(config, environ).show_nodes(nodes)
     except PowerError as exc:
-        raise UsageError(f"{fold(strays)}: in no [[nodeset]] of {config.path} (node sets: {sets}), and slurmctld "
-                         f"cannot say whether it is powering them up ({first_line(exc, 120)}): nothing done") \
-            from None
+        said = first_line(exc, 120)
+        if strays:
+            raise UsageError(f"{fold(strays)}: in no [[nodeset]] of {config.path} (node sets: {sets}), and "
+                             f"slurmctld cannot say whether it is powering them up ({said}): nothing done") from None
+        if environ.get("SLURM_RESUME_FILE"):
+            log.warning("slurmctld cannot say how %s stand (%s): resuming them as it asked", fold(nodes), said)
+            return
+        raise UsageError(f"{fold(nodes)}: slurmctld cannot say whether it is powering them up ({said}): nothing "
+                         "done; resume runs for slurmctld (scontrol update NodeName=... State=POWER_UP)") from None
     foreign = [node for node in strays if node not in states or not states[node].is_powering_up]
     if foreign:
         raise UsageError(f"{fold(foreign)}: in no [[nodeset]] of {config.path} (node sets: {sets}) and not being "
                          "powered up by slurmctld: nothing done; check the node name, or add a [[nodeset]] "
                          "for it")
+    ours = [node for node in nodes if node not in strays]
+    unknown = [node for node in ours if node not in states]
+    if unknown:
+        raise UsageError(f"{fold(unknown)}: unknown to slurmctld (no NodeName line in slurm.conf): nothing done; "
+                         "add the lines `slurm-nebula-power slurm-conf` prints and restart slurmctld")
+    static = [node for node in ours if "CLOUD" not in states[node].flags]
+    if static:
+        raise UsageError(f"{fold(static)}: static nodes (no State=CLOUD in slurm.conf): nothing done, never a VM "
+                         "for them; take them out of the node set's nodes")
+    idle = [node for node in ours if not states[node].is_powering_up]
+    if idle and not force:
+        raise UsageError(f"{fold(idle)}: not being powered up by slurmctld ({states[idle[0]].state}): nothing "
+                         f"done, a VM made by hand is one Slurm never learns of; ask slurmctld: scontrol update "
+                         f"NodeName={fold(idle)} State=POWER_UP (or --force)")
+    if idle:
+        log.warning("--force: resuming %s, which slurmctld is not powering up: their VMs run until suspended or "
+                    "reconciled", fold(idle))
+
+
+def _hand_back_unconfigured(expression: str, config_arg: str | None, environ: Mapping[str, str]) -> None:
+    """A configuration that cannot be loaded leaves resume nothing to act with; the nodes slurmctld is
+    powering up (cloud nodes it asked us for) are handed back at once rather than at ResumeTimeout. A
+    hostlist that cannot be read, or a slurmctld that cannot be asked, leaves them to ResumeTimeout."""
+    try:
+        nodes = expand(expression)
+        env = {"SLURM_CONF": environ["SLURM_CONF"]} if environ.get("SLURM_CONF") else {}
+        slurm = Scontrol(_scontrol_named(config_arg, environ) or find_scontrol(None, environ), env=env)
+        states = slurm.show_nodes(nodes)
+        asked = [n for n in nodes if n in states and states[n].is_powering_up and "CLOUD" in states[n].flags]
+        if asked:
+            slurm.hand_back(asked, "configuration unusable: run slurm-nebula-power check")
+    except PowerError:
+        return
+
+
+def _scontrol_named(config_arg: str | None, environ: Mapping[str, str]) -> Path | None:
+    """[slurm] scontrol of a configuration that is valid TOML but not a valid configuration, if it names one."""
+    try:
+        with find_config(config_arg, environ).open("rb") as handle:
+            named = tomllib.load(handle).get("slurm", {}).get("scontrol")
+    except (OSError, PowerError, tomllib.TOMLDecodeError, AttributeError):
+        return None
+    return Path(named) if isinstance(named, str) and Path(named).is_absolute() else None
 
 
 def _detach() -> bool:

@@ -15,6 +15,8 @@ import pytest
 from simfixtures import AUTH, fast_config, vms_of
 from support import make_setup
 
+POWERING_UP = "NodeName=gpu01 State=IDLE+CLOUD+POWERING_UP\n"  # what slurmctld says when it runs resume
+
 from opennebula_sim import Durations, SimConfig, running_simulator
 from opennebula_sim.cloud import HookEvent
 from opennebula_sim.hooks import context_file_text
@@ -184,7 +186,7 @@ def test_resume_waits_for_the_guests_ready(tmp_path: Path, sim) -> None:
                          ids=["no answer", "powering up"])
 def test_resume_hands_back_a_node_whose_guest_never_reports_ready(tmp_path: Path, sim, slurm_says) -> None:
     setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=1.5))
-    setup.set_nodes(slurm_says)  # its slurmd has not registered either
+    setup.set_node_sequence([POWERING_UP, slurm_says])  # slurmctld asked for it; its slurmd has not registered
     assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
     sim.wait_for(lambda: vms_of(sim, "gpu01") == [], 10)  # its VM was terminated: no GPU held
     [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
@@ -197,7 +199,7 @@ def test_resume_counts_a_node_whose_slurmd_registered_without_ready_as_up(tmp_pa
     """OneGate slow or unreachable from the guest, but slurmd registered (and may run a job): at boot_timeout
     resume asks Slurm, keeps the VM and counts the node up, with a warning, instead of tearing it down."""
     setup = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=READY_SETS.format(timeout=1.5))
-    setup.set_nodes(f"NodeName=gpu01 State={state} NodeAddr=127.0.1.1\n")
+    setup.set_node_sequence([POWERING_UP, f"NodeName=gpu01 State={state} NodeAddr=127.0.1.1\n"])
     assert resume_main(["gpu01"], setup.env) == EXIT_OK
     [vm] = vms_of(sim, "gpu01")
     assert vm.state_str == "RUNNING" and "READY" not in vm.user_template
