@@ -263,8 +263,8 @@ def test_7_by_hand_resume_brings_the_node_up_and_suspend_takes_it_down(e2e) -> N
 
     `slurm-nebula-resume gpu01` on a powered-down node is refused (exit 2, nothing done): slurmctld is not
     powering it up, and the way to bring it up is `scontrol update NodeName=gpu01 State=POWER_UP`. With
-    `--force` it has that command's effect: the VM runs, NodeAddr is its IP, its slurmd registers, and slurmctld takes the node
-    out of power saving (`idle~` -> `idle`, IDLE+CLOUD): a job then runs there at once, without
+    `--force` it has that command's effect: the VM runs, NodeAddr is its IP, its slurmd registers, and
+    slurmctld takes the node out of power saving (`idle~` -> `idle`, IDLE+CLOUD): a job then runs there at once, without
     slurmctld calling ResumeProgram. `slurm-nebula-suspend gpu01` terminates the VM (GPU freed, slurmd
     gone) but, like every SuspendProgram, does not tell slurmctld: the node still shows `idle` until the
     administrator runs `scontrol update NodeName=gpu01 State=POWER_DOWN_FORCE` (or uses `scontrol update
@@ -274,7 +274,8 @@ def test_7_by_hand_resume_brings_the_node_up_and_suspend_takes_it_down(e2e) -> N
     c = env.cluster
     admin_env = {"SLURM_CONF": str(c.conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     assert c.sinfo_state("gpu01") == "idle~"
-    refused = subprocess.run([str(RESUME), "gpu01"], env=admin_env, capture_output=True, text=True, timeout=60)
+    refused = subprocess.run([str(RESUME), "gpu01"], env=admin_env, capture_output=True, text=True,
+                             timeout=60)
     assert refused.returncode == 2 and "State=POWER_UP (or --force)" in refused.stderr, refused.stderr
     assert not env.vms_of("gpu01")
     up = subprocess.run([str(RESUME), "--force", "gpu01"], env=admin_env, capture_output=True, text=True,

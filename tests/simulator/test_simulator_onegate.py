@@ -15,14 +15,13 @@ import pytest
 from simfixtures import AUTH, fast_config, vms_of
 from support import make_setup
 
-POWERING_UP = "NodeName=gpu01 State=IDLE+CLOUD+POWERING_UP\n"  # what slurmctld says when it runs resume
-
 from opennebula_sim import Durations, SimConfig, running_simulator
 from opennebula_sim.cloud import HookEvent
 from opennebula_sim.hooks import context_file_text
 from slurm_nebula_power.cli.main import resume_main
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK
 
+POWERING_UP = "NodeName=gpu01 State=IDLE+CLOUD+POWERING_UP\n"  # what slurmctld says when it runs resume
 SIM_CONFIG, SIM_AUTH = fast_config(), AUTH  # conftest's sim: the one the product's tests use (tests/conftest.py)
 
 
