@@ -229,14 +229,14 @@ class KvmHost:
             raise RuntimeError(f"oned {self.version} did not start: {done.stderr[-1500:]}")
         values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
         self.oned = onedfix.RealOned(self.version, self.root / "one", values["ENDPOINT"], values["AUTH"],
-                                     values["ONEGATE"])
+                                     values["ONEGATE"], values["ADMIN_AUTH"])
 
     # ---- OpenNebula's side ------------------------------------------------------------------------
-    def call(self, method: str, *args: object) -> object:
-        """One XML-RPC call to oned; RuntimeError with oned's words when it refuses."""
+    def call(self, method: str, *args: object, session: str | None = None) -> object:
+        """One XML-RPC call to oned as oneadmin (or `session`); RuntimeError with oned's words when it refuses."""
         assert self.oned is not None
         proxy = xmlrpc.client.ServerProxy(self.oned.endpoint)
-        answer = getattr(proxy, method)(self.oned.auth, *args)
+        answer = getattr(proxy, method)(session or self.oned.admin, *args)
         if not answer[0]:
             raise RuntimeError(f"{method}: {answer[1]}")
         return answer[1]
@@ -266,7 +266,8 @@ class KvmHost:
         self.call("one.host.update", host, f'EMULATOR = "/usr/bin/qemu-system-x86_64"\nRAW = "<devices><serial '
                   f"type='file'><source path='{self.console}' append='on'/><target port='0'/></serial></devices>\"", 1)
         image = int(self.call("one.image.allocate", f'NAME = "{self.image_name}"\nPATH = "{self.image}"\nTYPE = "OS"\n'
-                              'DEV_PREFIX = "vd"\nFORMAT = "qcow2"\n', 1, False))  # type: ignore[call-overload]
+                              'DEV_PREFIX = "vd"\nFORMAT = "qcow2"\n', 1, False,  # type: ignore[call-overload]
+                              session=self.oned.auth))  # the Slurm user's own image (docs/installation.md)
         self._wait(lambda: self.xml("one.image.info", image).findtext("STATE") == "1" or None, 180, "image READY",
                    why=lambda: self.xml("one.image.info", image).findtext("TEMPLATE/ERROR") or "")
 

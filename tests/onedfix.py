@@ -63,8 +63,17 @@ class RealOned:
     version: str
     root: Path
     endpoint: str
-    auth: str
+    auth: str  # the unprivileged user's session (docs/installation.md, "The OpenNebula side"): what the tests use
     onegate: str
+    admin: str  # oneadmin's session: hosts, users, quotas, what a site's administrator does
+
+    @property
+    def cli_env(self) -> dict[str, str]:
+        """The environment in which OpenNebula's CLI (bin/one*) acts as oneadmin on this instance."""
+        values = dict(line.removeprefix("export ").split("=", 1) for line in
+                      (self.root / "cli.env").read_text().splitlines() if "=" in line)
+        values["PATH"] = values["PATH"].replace("$PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+        return {**os.environ, **values}
 
     @property
     def dummy_actions(self) -> Path:
@@ -78,7 +87,7 @@ class RealOned:
         import xml.etree.ElementTree as ET
         import xmlrpc.client
 
-        text = xmlrpc.client.ServerProxy(self.endpoint).one.vm.info(self.auth, vm_id)[1]
+        text = xmlrpc.client.ServerProxy(self.endpoint).one.vm.info(self.admin, vm_id)[1]
         host = ET.fromstring(text).findall("HISTORY_RECORDS/HISTORY/HID")[-1].text
         with (self.root / "forced_vm_states").open("a") as states:
             states.write(f"{host} {vm_id} {state}\n")
@@ -93,7 +102,7 @@ class RealOned:
 
         server = xmlrpc.client.ServerProxy(self.endpoint)
         code = {"enable": 0, "disable": 1, "offline": 2}[status]
-        answer = server.one.host.status(self.auth, self.host_id(name), code)
+        answer = server.one.host.status(self.admin, self.host_id(name), code)
         assert answer[0], answer
 
     def host_states(self) -> dict[str, int]:
@@ -101,7 +110,7 @@ class RealOned:
         import xml.etree.ElementTree as ET
         import xmlrpc.client
 
-        pool = ET.fromstring(xmlrpc.client.ServerProxy(self.endpoint).one.hostpool.info(self.auth)[1])
+        pool = ET.fromstring(xmlrpc.client.ServerProxy(self.endpoint).one.hostpool.info(self.admin)[1])
         return {h.findtext("NAME") or "": int(h.findtext("STATE") or -1) for h in pool.iterfind("HOST")}
 
     def enable_hosts(self, timeout: float = 60) -> None:
@@ -122,7 +131,7 @@ class RealOned:
         """`onehost update NAME --append` with this template text (e.g. NVLINK_DOMAIN = "nvl-a")."""
         import xmlrpc.client
 
-        answer = xmlrpc.client.ServerProxy(self.endpoint).one.host.update(self.auth, self.host_id(name), text, 1)
+        answer = xmlrpc.client.ServerProxy(self.endpoint).one.host.update(self.admin, self.host_id(name), text, 1)
         assert answer[0], answer
 
     def host_id(self, name: str) -> int:
@@ -130,7 +139,7 @@ class RealOned:
         import xml.etree.ElementTree as ET
         import xmlrpc.client
 
-        pool = ET.fromstring(xmlrpc.client.ServerProxy(self.endpoint).one.hostpool.info(self.auth)[1])
+        pool = ET.fromstring(xmlrpc.client.ServerProxy(self.endpoint).one.hostpool.info(self.admin)[1])
         return next(int(h.findtext("ID") or -1) for h in pool.iterfind("HOST") if h.findtext("NAME") == name)
 
     def stop(self) -> None:
@@ -162,7 +171,7 @@ def start(version: str, hosts: int = 4, gpus: int = 1, net_ip: str = "127.0.2.1"
         tail = " | ".join(done.stderr.strip().splitlines()[-6:])
         raise OnedFailed(f"oned {version} failed to start ({done.returncode}): {tail} (log: {root / 'one' / 'var'})")
     values = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-    return RealOned(version, root / "one", values["ENDPOINT"], values["AUTH"], values["ONEGATE"])
+    return RealOned(version, root / "one", values["ENDPOINT"], values["AUTH"], values["ONEGATE"], values["ADMIN_AUTH"])
 
 
 _shared: dict[str, RealOned | OnedUnavailable] = {}

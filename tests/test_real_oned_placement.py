@@ -38,12 +38,12 @@ def site(oned, tmp_path) -> Iterator[Setup]:
     proxy = xmlrpc.client.ServerProxy(oned.endpoint)
 
     def states() -> dict[int, str]:
-        root = ET.fromstring(proxy.one.hostpool.info(oned.auth)[1])
+        root = ET.fromstring(proxy.one.hostpool.info(oned.admin)[1])
         return {int(h.findtext("ID") or -1): h.findtext("STATE") or "" for h in root.iterfind("HOST")}
 
     for host, state in states().items():
         if state in ("4", "8"):  # enable only what a test disabled: enabling a MONITORED host re-monitors it
-            proxy.one.host.status(oned.auth, host, 0)
+            proxy.one.host.status(oned.admin, host, 0)
     wait(lambda: set(states().values()) == {"2"}, 60, "every host MONITORED again")
     wipe(oned)
 
@@ -53,7 +53,7 @@ def other(oned) -> Iterator[Callable[[int], int]]:
     """Another user (of group oneadmin, so it may deploy); take(host) deploys a GPU VM of its own there and
     waits until the host's GPU is held by it."""
     proxy = xmlrpc.client.ServerProxy(oned.endpoint)
-    ok, uid, *_ = proxy.one.user.allocate(oned.auth, OTHER[0], OTHER[1], "core", [0])
+    ok, uid, *_ = proxy.one.user.allocate(oned.admin, OTHER[0], OTHER[1], "core", [0])
     assert ok, uid
     session = ":".join(OTHER)
     templates = ET.fromstring(proxy.one.templatepool.info(session, -2, -1, -1)[1]).iterfind("VMTEMPLATE")
@@ -69,7 +69,7 @@ def other(oned) -> Iterator[Callable[[int], int]]:
 
     yield take
     wipe(oned)
-    proxy.one.user.delete(oned.auth, uid)
+    proxy.one.user.delete(oned.admin, uid)
 
 
 @dataclasses.dataclass
@@ -125,7 +125,7 @@ def test_a_gpu_another_user_takes_after_the_read_sends_the_vm_to_another_host(on
 
 def test_a_host_disabled_after_the_read_gets_the_vm_and_resume_places_it_again(oned, site, caplog) -> None:
     proxy = xmlrpc.client.ServerProxy(oned.endpoint)
-    outcome = raced(site, ["gpu01"], lambda: proxy.one.host.status(oned.auth, 0, 1), caplog)  # oned accepts DISABLED
+    outcome = raced(site, ["gpu01"], lambda: proxy.one.host.status(oned.admin, 0, 1), caplog)  # oned accepts DISABLED
     assert outcome.done == ["gpu01"] and not outcome.failed
     [vm] = ours(oned, "gpu01")
     assert vm.running and vm.host != "gpu-host-01"

@@ -31,8 +31,8 @@ GPU_NODES = "gpu[01-05]"
 
 
 def pool(oned) -> list[Vm]:
-    """Every live VM of oneadmin, through the product's own parser."""
-    text = xmlrpc.client.ServerProxy(oned.endpoint).one.vmpool.infoextended(oned.auth, -2, -1, -1, -1)[1]
+    """Every live VM, whoever's (oneadmin sees them all), through the product's own parser."""
+    text = xmlrpc.client.ServerProxy(oned.endpoint).one.vmpool.infoextended(oned.admin, -2, -1, -1, -1)[1]
     return vms_from_xml(text)
 
 
@@ -60,7 +60,7 @@ def wait(predicate, timeout: float, what: str):
 def wipe(oned) -> None:
     """Every VM gone (terminate-hard, retried while a transient state refuses it; never recover --delete, which
     stalls the shared oned's scheduler for 300 s when the VM is being deployed), every GPU free."""
-    one = pyone.OneServer(oned.endpoint, session=oned.auth)
+    one = pyone.OneServer(oned.endpoint, session=oned.admin)
 
     def gone() -> bool:
         for vm in pool(oned):
@@ -125,7 +125,7 @@ def test_a_vm_oned_cannot_place_is_handed_back_at_pending_timeout(oned, site) ->
     # SCHED_MESSAGE, and pending_timeout hands the node back long before boot_timeout.
     one = pyone.OneServer(oned.endpoint, session=oned.auth)
     huge = one.template.allocate('NAME="too-big-gpu"\nCPU="1"\nVCPU="1"\nMEMORY="100000000"\n'
-                                 'PCI=[VENDOR="10de",CLASS="0302"]\nNIC=[NETWORK="slurm-net"]\n')
+                                 'PCI=[VENDOR="10de",CLASS="0302"]\nNIC=[NETWORK="slurm-net",NETWORK_UNAME="oneadmin"]\n')
     try:
         text = site.config.read_text().replace('template = "slurm-gpu-worker"\nboot_timeout = 20\n',
                                                'template = "too-big-gpu"\nboot_timeout = 300\npending_timeout = 8\n')

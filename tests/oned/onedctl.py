@@ -360,6 +360,7 @@ HOST_STATES = {0: "INIT", 1: "MONITORING_MONITORED", 2: "MONITORED", 3: "ERROR",
                5: "MONITORING_ERROR", 6: "MONITORING_INIT", 7: "MONITORING_DISABLED", 8: "OFFLINE"}
 
 NET_NAME = "slurm-net"
+IMAGE_NAME = "slurm-worker"  # the name `image build` suggests
 
 GPU_TEMPLATE = f'''NAME = "slurm-gpu-worker"
 CPU = "0.1"
@@ -396,8 +397,42 @@ def setup(endpoint: str, auth: str, hosts: int, net_ip: str, net_size: int) -> N
     one.call("one.vn.allocate",
              f'NAME = "{NET_NAME}"\nVN_MAD = "dummy"\nBRIDGE = "br0"\n'
              f'AR = [ TYPE = "IP4", IP = "{net_ip}", SIZE = "{net_size}" ]\n', -1)
-    one.call("one.template.allocate", GPU_TEMPLATE)
-    one.call("one.template.allocate", CPU_TEMPLATE)
+    if os.environ.get("ONED_SLURM_USER", "1") == "0":
+        # Left to the test that follows docs/installation.md's steps with the CLI: oneadmin's templates, and
+        # the image those steps give the Slurm user.
+        image = f'NAME = "{IMAGE_NAME}"\nPATH = "/dev/null"\nTYPE = "OS"\nSIZE = "1"\n'
+        one.call("one.image.allocate", image, 1, True)  # True: no capacity check (datastore 1 not monitored yet)
+        one.call("one.template.allocate", GPU_TEMPLATE)
+        one.call("one.template.allocate", CPU_TEMPLATE)
+        print(auth)
+        return
+    session = slurm_user(one)
+    user = One(endpoint, session)  # the templates are the Slurm user's own, as docs/installation.md makes them
+    user.call("one.template.allocate", GPU_TEMPLATE)
+    user.call("one.template.allocate", CPU_TEMPLATE)
+    print(session)
+
+
+# acl.rb's values: who (#uid, @gid, *), what (object types, with #id or *), rights, zone.
+ACL_GID, ACL_ALL = 0x200000000, 0x400000000
+ACL_CREATED = (0x1000000000 | 0x8000000000 | 0x20000000000 | 0x400000000000 | 0x1000000000000 | 0x4000000000000
+               | 0x20000000000000 | 0x100000000000000)  # VM+IMAGE+TEMPLATE+DOCUMENT+SECGROUP+VROUTER+VMGROUP+BACKUPJOB
+ACL_CREATE, ACL_USE, ACL_HOST = 0x8, 0x1, 0x2000000000
+SLURM_USER = "slurm"
+
+
+def slurm_user(one: One) -> str:
+    """The OpenNebula user the programs act as, made as docs/installation.md ("The OpenNebula side") makes it:
+    its own group (which oned adds to the default VDC: USE of the networks and datastores, MANAGE of the
+    hosts), the CREATE rule `onegroup create` adds for a group's users, USE of the hosts (the host pool: the
+    VDC's MANAGE does not list them), and deploy at MANAGE (direct placement). Its session `slurm:<password>`."""
+    gid = int(one.call("one.group.allocate", SLURM_USER))
+    one.call("one.acl.addrule", f"{ACL_GID | gid:x}", f"{ACL_CREATED | ACL_ALL:x}", f"{ACL_CREATE:x}", f"{ACL_ALL:x}")
+    one.call("one.acl.addrule", f"{ACL_GID | gid:x}", f"{ACL_HOST | ACL_ALL:x}", f"{ACL_USE:x}", f"{ACL_ALL:x}")
+    password = os.urandom(16).hex()
+    uid = int(one.call("one.user.allocate", SLURM_USER, password, "core", [gid]))
+    one.call("one.user.update", uid, 'VM_MANAGE_OPERATIONS = "deploy"', 1)
+    return f"{SLURM_USER}:{password}"
 
 
 def wait_ready(endpoint: str, auth: str, hosts: int, gpus: int, seconds: float) -> None:

@@ -2,7 +2,8 @@
 # Start a real OpenNebula front end (oned + scheduler + monitord + dummy drivers + OneGate) under DIR,
 # on 127.0.0.1 only, set it up for slurm-nebula-power's tests and print on stdout:
 #   ENDPOINT=http://127.0.0.1:<port>/RPC2
-#   AUTH=oneadmin:<password>
+#   AUTH=slurm:<password>          (the unprivileged user the tests act as, made as docs/installation.md says)
+#   ADMIN_AUTH=oneadmin:<password> (for what only an administrator does: hosts, users, quotas)
 #   ONEGATE=http://127.0.0.1:<port>
 # (also in DIR/env; DIR/cli.env sets ONE_LOCATION, ONE_AUTH, ONE_XMLRPC, PATH for OpenNebula's CLI).
 # Everything keeps running; stop it with stop.sh DIR.  Pids started: DIR/pids.
@@ -13,7 +14,9 @@
 #      5 s, here 3600: results of `onevm exec` through a guest agent, which dummy VMs do not have),
 #      ONED_VM_MAD (dummy; qemu keeps oned's stock qemu VM_MAD and IM_MAD too: tests/kvm), ONED_ONEGATE_ADDR
 #      (127.0.0.1: the ONEGATE_ENDPOINT oned gives VMs; another address makes OneGate listen on all of the
-#      namespace's addresses).
+#      namespace's addresses), ONED_SLURM_USER (1: make the unprivileged user the tests act as, which owns the
+#      templates; 0: no such user, the templates oneadmin's and an image slurm-worker for the steps of
+#      docs/installation.md, AUTH is then oneadmin's).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -169,7 +172,10 @@ GATE_PID=$!
 echo "$GATE_PID" >> "$DIR/pids"
 echo "$GATE_PID" > "$DIR/var/onegate.pid"
 
-"$PY" "$HERE/onedctl.py" setup "$ENDPOINT" "$AUTH" "$HOSTS" "$NET_IP" "$NET_SIZE" || fail "setup over XML-RPC failed"
+# oneadmin sets the cloud up; the tests act as the unprivileged user setup makes (its session on stdout).
+USER_AUTH="$("$PY" "$HERE/onedctl.py" setup "$ENDPOINT" "$AUTH" "$HOSTS" "$NET_IP" "$NET_SIZE")" \
+    || fail "setup over XML-RPC failed"
+( umask 077; echo "$USER_AUTH" > "$DIR/slurm_auth" )
 log "set up: $HOSTS hosts x $GPUS GPUs, network, templates"
 "$PY" "$HERE/onedctl.py" wait-http "$ONEGATE" "$TIMEOUT" "$GATE_PID" \
     || { tail -n 20 "$DIR/var/onegate.error" >&2 || true; fail "OneGate did not come up"; }
@@ -179,6 +185,6 @@ log "ready: every host MONITORED, datastore 0 monitored"
 renice -n 0 -g "$ONED_PID" >/dev/null 2>&1 || true  # oned, its drivers and monitor: the process group setsid made
 exec 9>&-  # the next start may go
 
-printf 'ENDPOINT=%s\nAUTH=%s\nONEGATE=%s\n' "$ENDPOINT" "$AUTH" "$ONEGATE" > "$DIR/env.tmp"
+printf 'ENDPOINT=%s\nAUTH=%s\nADMIN_AUTH=%s\nONEGATE=%s\n' "$ENDPOINT" "$USER_AUTH" "$AUTH" "$ONEGATE" > "$DIR/env.tmp"
 mv "$DIR/env.tmp" "$DIR/env"
 cat "$DIR/env"
