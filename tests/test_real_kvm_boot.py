@@ -27,10 +27,8 @@ import pytest
 from slurm_findings import finding
 from slurmharness import SlurmCluster, find_binaries
 
-from slurm_nebula_power.config import load_config
 from slurm_nebula_power.model import FAILURE_LCM
 from slurm_nebula_power.shapes import program_path
-from slurm_nebula_power.template import pick_nodeset, render
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = os.environ.get("KVM_ONED_VERSIONS", "7.0.2").split()
@@ -145,9 +143,12 @@ def real_host(request, kvm_lock, tmp_path_factory):
         config_path.write_text(config_text(cluster, host, template))
         cluster.add_log("nebula-power.log", cluster.log_dir / "nebula-power.log")
         cluster.add_log("guest console", host.console)
-        config = load_config(config_path, cluster.env)
-        index, nodeset = pick_nodeset(config, None)
-        host.call("one.template.allocate", render(config, index, nodeset))  # what `template` prints, as is
+        # what `template` prints, as is (the network and the image by id, as the user sees them), created as the
+        # Slurm user (docs/installation.md, "The OpenNebula side")
+        printed = subprocess.run([str(program_path("slurm-nebula-power")[0]), "template"], env=cluster.env,
+                                 capture_output=True, text=True, timeout=120, check=False)
+        assert printed.returncode == 0, printed.stderr
+        host.call("one.template.allocate", printed.stdout, session=host.oned.auth)
         yield cluster, host
     finally:
         cluster.stop()

@@ -25,10 +25,8 @@ import pytest
 from test_real_oned_programs import gpu_holders, pool, wipe
 from test_worker import stop_vm_daemons, vm_scripts, write_config
 
-from slurm_nebula_power.config import load_config
 from slurm_nebula_power.model import DONE
 from slurm_nebula_power.shapes import program_path
-from slurm_nebula_power.template import pick_nodeset, render
 
 pytestmark = pytest.mark.slurm
 
@@ -108,10 +106,12 @@ def real_site(oned, slurm_factory, tmp_path) -> Iterator:
     (cluster.base / "one_auth").write_text(oned.auth + "\n")
     name = f"slurm-worker-{cluster.base.name}"
     config_path.write_text(text.replace('template = "slurm-worker"', f'template = "{name}"'))
-    config = load_config(config_path, cluster.env)
-    index, nodeset = pick_nodeset(config, None)
+    # what `template` prints, as is (the network by id, as the Slurm user sees it), created as that user
+    printed = subprocess.run([str(program_path("slurm-nebula-power")[0]), "template"], env=cluster.env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert printed.returncode == 0, printed.stderr
     one = pyone.OneServer(oned.endpoint, session=oned.auth)
-    template_id = one.template.allocate(render(config, index, nodeset))  # what `template` prints, as is
+    template_id = one.template.allocate(printed.stdout)
     vms, boot, halt = vm_scripts(cluster)
     hypervisor = Hypervisor(oned, boot, halt, vms)
     yield cluster, oned, vms
