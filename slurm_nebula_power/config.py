@@ -14,7 +14,7 @@ from typing import Any
 
 from . import hostlists
 from .errors import ConfigError, HostlistError
-from .schema import Key, Reader, absolute, one_of, positive
+from .schema import Key, Reader, absolute, ca_bundle, one_of, positive
 from .slurmconf import read_slurm_conf
 
 ENV_CONFIG = "SLURM_NEBULA_POWER_CONFIG"
@@ -59,6 +59,7 @@ class OneConfig:
     retry_seconds: float = 60.0
     retry_backoff: float = 0.2
     https_verify: bool = True
+    ca_file: Path | None = None  # the CAs trusted for an https:// endpoint, instead of the system's and certifi's
     max_answer_mb: float = 128.0
     domain_attribute: str | None = None  # the host TEMPLATE attribute naming a host's domain (NVLINK_DOMAIN)
 
@@ -208,6 +209,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "retry_seconds": Key(NUMBER, 60.0, positive),
         "retry_backoff": Key(NUMBER, 0.2, positive),
         "https_verify": Key((bool,), True),
+        "ca_file": Key((str,), None),
         # A 10,000-VM pool answer of full VM bodies is ~60 MB (about 6 KB a VM, escaped in XML-RPC).
         "max_answer_mb": Key(NUMBER, 128.0, positive),
         "domain_attribute": Key((str,), None, _attribute),
@@ -287,8 +289,8 @@ def read_session(path: Path, config_path: Path) -> str:
         raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}; create it with one line user:password "
                           "readable by SlurmUser") from None
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"{key}: {path} is accessible by group or others (mode "
-                          f"{stat.S_IMODE(info.st_mode):04o}); run: chmod 600 {path}")
+        raise ConfigError(f"{key}: {path} is accessible by group or others (mode {stat.S_IMODE(info.st_mode):04o})",
+                          f"chmod 600 {path} and chown it to SlurmUser")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) != 1 or ":" not in lines[0] or lines[0].startswith(":") or lines[0].endswith(":"):
         raise ConfigError(f"{key}: {path} must hold exactly one line user:password or user:token")
@@ -326,6 +328,8 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> Config:
             raise reader.fail(f"[{required}]", "missing section; add it (see `slurm-nebula-power example-config`)")
     one = reader.table(data["opennebula"], "opennebula", SCHEMA["opennebula"])
     auth_file = _relative_to(base, one.pop("auth_file"))
+    if one["ca_file"] is not None:  # relative to this file, as auth_file
+        one["ca_file"] = ca_bundle(reader, _relative_to(base, one["ca_file"]), one["https_verify"])
     opennebula = OneConfig(auth_file=auth_file, session=read_session(auth_file, path), **one)
 
     slurm = reader.table(data.get("slurm", {}), "slurm", SCHEMA["slurm"])

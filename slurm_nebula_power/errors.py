@@ -29,9 +29,15 @@ class HostlistError(UsageError):
 
 
 class ConfigError(PowerError):
-    """Configuration that cannot be used; the message names the file, the key and the fix."""
+    """Configuration that cannot be used; the message names the file, the key and the fix (given apart, the
+    fix ends the message after "; ", and `check` shows it in its fix column)."""
 
     exit_code = EXIT_CONFIG
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        super().__init__(f"{problem}; {fix}" if fix else problem)
+        self.problem = problem
+        self.fix = fix
 
 
 class SlurmError(PowerError):
@@ -54,8 +60,34 @@ class TransientCloudError(CloudError):
     """Worth retrying: connection errors, timeouts, HTTP 5xx, INTERNAL, LOCKED."""
 
 
+class EndpointError(CloudError):
+    """The endpoint as configured cannot serve (its host name, its TLS certificate): nothing was sent, never
+    retried; `problem` and `fix` apart for `check`, both in the message."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, call: str, problem: str, fix: str) -> None:
+        super().__init__(f"[{call}] {problem}: {fix}")
+        self.problem = problem
+        self.fix = fix
+
+
+class EndpointUnresolved(EndpointError):
+    """The resolver answered that the endpoint's host name has no address (a resolver that could not answer
+    is a TransientCloudError)."""
+
+
+class EndpointUntrusted(EndpointError):
+    """The endpoint's TLS certificate failed verification: not trusted, issued for another host name, expired."""
+
+
 class CloudAuthError(CloudError):
     """Authentication or authorization failed: never retried."""
+
+
+class CredentialsRefused(CloudAuthError):
+    """oned did not authenticate the session (AUTHENTICATION: a wrong password or token, a disabled or unknown
+    user), whatever the call was about; the other CloudAuthErrors are rights the user lacks (AUTHORIZATION)."""
 
 
 class QuotaExceeded(CloudError):

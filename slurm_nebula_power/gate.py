@@ -15,11 +15,19 @@ from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
 from .config import NodeSet
 from .cooldown import ShortageLog
 from .domains import hosts_of_domain, requirement
-from .errors import CloudError, QuotaExceeded
+from .errors import (
+    CloudError,
+    CredentialsRefused,
+    EndpointUnresolved,
+    EndpointUntrusted,
+    QuotaExceeded,
+    TransientCloudError,
+    first_line,
+)
 from .hostlists import fold
 from .hosts import Host
 from .model import PENDING, Vm
-from .operation import Context
+from .operation import REASON_LENGTH, Context, cloud_reason
 from .plan import Plan, dragged
 
 log = logging.getLogger(__name__)
@@ -88,6 +96,21 @@ class Gate:
         if nodeset.job_policy is not None:
             return nodeset.job_policy == "all-or-nothing"
         return bool(self.requests.get(id(nodeset)))
+
+    def template_failed(self, nodeset: NodeSet, exc: CloudError) -> str:
+        """Log why a node set's template could not be read, and give its nodes' reason: refused credentials
+        name the user and the auth file, and an endpoint unreachable or not trusted is no fault of the
+        template either (a wrong password read "template slurm-gpu-worker: ... couldn't be authenticated")."""
+        one = self.ctx.config.opennebula
+        if isinstance(exc, CredentialsRefused):
+            reason = f"OpenNebula refused the credentials of user {one.user} in {one.auth_file}"
+            log.error("node set %s: %s (%s): put valid ones there (user:password or user:token)",
+                      nodeset.nodes_expr, reason, first_line(exc, REASON_LENGTH))
+            return reason
+        log.error("node set %s: template %r: %s", nodeset.nodes_expr, nodeset.template, exc)
+        if isinstance(exc, (TransientCloudError, EndpointUnresolved, EndpointUntrusted)):
+            return cloud_reason(exc)
+        return f"template {nodeset.template}: {first_line(exc, REASON_LENGTH)}"
 
     # -- before anything is read or created --
 

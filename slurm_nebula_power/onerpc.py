@@ -19,16 +19,26 @@ import threading
 import time
 import xmlrpc.client
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 from xml.parsers import expat
 from xml.parsers.expat import ExpatError
 
-import certifi
 import pyone.bindings
 import pyone.util
 
 from . import __version__
-from .errors import ActionRefused, CloudAuthError, CloudError, QuotaExceeded, TransientCloudError, VmNotFound
+from .endpoint import Peer, Tls
+from .errors import (
+    ActionRefused,
+    CloudAuthError,
+    CloudError,
+    CredentialsRefused,
+    QuotaExceeded,
+    TransientCloudError,
+    VmNotFound,
+)
 
 # oned's error codes (include/Request.h)
 AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION = 0x100, 0x200, 0x400, 0x800
@@ -231,24 +241,9 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     return bool(readable)
 
 
-def ssl_context(verify: bool) -> Callable[[], ssl.SSLContext]:
-    """Built once, on first use: the system's CAs plus certifi's (what requests trusted before)."""
-    context: list[ssl.SSLContext] = []
-    lock = threading.Lock()
-
-    def get() -> ssl.SSLContext:
-        with lock:
-            if not context:
-                made = ssl.create_default_context()
-                if verify:
-                    made.load_verify_locations(certifi.where())
-                else:
-                    made.check_hostname = False
-                    made.verify_mode = ssl.CERT_NONE
-                context.append(made)
-            return context[0]
-
-    return get
+def ssl_context(verify: bool, ca_file: Path | None = None) -> Tls:
+    """The TLS of an https:// endpoint ([opennebula] https_verify and ca_file), its context made on first use."""
+    return Tls(verify, ca_file)
 
 
 class OneRpc:
@@ -258,10 +253,12 @@ class OneRpc:
     """
 
     def __init__(self, endpoint: str, session: str, timeout: float,
-                 tls: Callable[[], ssl.SSLContext] | None, max_answer: int = 64 << 20) -> None:
+                 tls: Tls | None, max_answer: int = 64 << 20) -> None:
         self.session = session
         self.transport = Transport(timeout, tls, max_answer)
         self.proxy = xmlrpc.client.ServerProxy(endpoint, transport=self.transport)
+        url = urlsplit(endpoint)
+        self.peer = Peer(url.hostname or "", url.netloc.rpartition("@")[2], tls.ca_file if tls else None)
 
     def call(self, method: str, *params: Any) -> Any:
         """Call one.<method>; the value of a successful answer, else our error with oned's code."""
@@ -281,9 +278,10 @@ class OneRpc:
         except AnswerTooLarge as exc:
             raise TransientCloudError(f"[{name}] refused: {exc}") from None
         except (OSError, http.client.HTTPException) as exc:  # refused, reset, closed early, TLS, DNS
-            raise TransientCloudError(f"[{name}] connection failed: {type(exc).__name__}") from None
-        except (xmlrpc.client.ResponseError, ValueError, ExpatError) as exc:
-            raise TransientCloudError(f"[{name}] unreadable answer: {exc}") from None
+            raise self.peer.failure(name, exc) from None
+        except (xmlrpc.client.ResponseError, ValueError, ExpatError) as exc:  # ResponseError(): no text
+            raise TransientCloudError(f"[{name}] unreadable answer: {str(exc) or 'not a whole XML-RPC answer'}") \
+                from None
         if not isinstance(answer, list) or len(answer) < 2 or not isinstance(answer[0], bool):
             raise TransientCloudError(f"[{name}] unreadable answer: not oned's [success, value, ...] array")
         if not answer[0]:
@@ -300,15 +298,19 @@ class OneRpc:
             raise TransientCloudError(f"[one.{method}] unreadable document (a DOCTYPE, which oned never sends)")
         try:
             return pyone.bindings.parseString(text.encode("utf-8"))
-        except Exception as exc:  # pyone's generated binder raises its own GDSParseError, the XML parser's
-            raise TransientCloudError(f"[one.{method}] unreadable document ({type(exc).__name__})") from None
+        except Exception:  # pyone's generated binder raises its own GDSParseError, the XML parser's; their text
+            # may quote the document, which can hold the munge key (a template's CONTEXT): never shown
+            raise TransientCloudError(f"[one.{method}] unreadable document: pyone cannot bind it (a truncated or "
+                                      "altered answer, or one of an OpenNebula release it does not know)") from None
 
 
 def translate(message: str, code: int) -> CloudError:
     """oned's error code -> our error class."""
     if code in (AUTHORIZATION, ACTION) and QUOTA_TEXT.search(message):
         return QuotaExceeded(message, code)
-    if code in (AUTHENTICATION, AUTHORIZATION):
+    if code == AUTHENTICATION:
+        return CredentialsRefused(message, code)
+    if code == AUTHORIZATION:
         return CloudAuthError(message, code)
     if code == NO_EXISTS:
         return VmNotFound(message, code)

@@ -11,12 +11,11 @@ from typing import Any
 from .backoff import Backoff
 from .booting import Boot, Step, collect_calls, not_ready_up, set_addresses
 from .direct import Direct
-from .errors import CloudError, TransientCloudError, first_line
+from .errors import CloudError
 from .gate import Gate
 from .hostlists import fold
 from .model import Vm, ours_by_node
 from .operation import (
-    REASON_LENGTH,
     Context,
     Outcome,
     Patience,
@@ -130,13 +129,9 @@ class _Resume:
                 context = body.get("CONTEXT") or {}
                 self.templates[id(nodeset)] = (tid, context if isinstance(context, dict) else {})
                 self.gate.learn_template(nodeset, body)
-            except CloudError as exc:
-                log.error("node set %s: template %r: %s", nodeset.nodes_expr, nodeset.template, exc)
+            except CloudError as exc:  # the credentials, the endpoint or the template: gate says which
                 bad = [b.node for b in boots if b.nodeset is nodeset]
-                # OpenNebula unreachable (or its answer unreadable) is no fault of the template: say so
-                why = cloud_reason(exc) if isinstance(exc, TransientCloudError) else \
-                    f"template {nodeset.template}: {first_line(exc, REASON_LENGTH)}"
-                hand_back(ctx, self.outcome, bad, why)
+                hand_back(ctx, self.outcome, bad, self.gate.template_failed(nodeset, exc))
                 boots = [b for b in boots if b.nodeset is not nodeset]
         return boots
 

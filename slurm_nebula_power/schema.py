@@ -4,6 +4,8 @@ the key (config.py holds the keys)."""
 from __future__ import annotations
 
 import os
+import ssl
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any, cast
 from .errors import ConfigError
 
 REQUIRED = object()
+CA_FILE_CAP = 1 << 20  # bytes of ca_file looked at for a PEM certificate (every public CA is ~220 KB)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,29 @@ class Reader:
                 raise self.fail(dotted, f"{problem} (got {value!r})")
             out[key] = float(cast(float, value)) if float in spec.types and not isinstance(value, str) else value
         return out
+
+
+def ca_bundle(reader: Reader, path: Path, verify: bool) -> Path:
+    """[opennebula] ca_file, checked at load rather than at the first call: a regular file, readable, holding
+    at least one PEM certificate; https_verify = false verifies nothing, so both set is an error."""
+    key, fix = "opennebula.ca_file", "give the PEM file of the CA that issued the front end's certificate"
+    if not verify:
+        raise reader.fail(key, "set with https_verify = false, which trusts any certificate: remove one of them")
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise reader.fail(key, f"{path} is not a regular file; {fix}")
+        with path.open("rb") as handle:
+            text = handle.read(CA_FILE_CAP)
+    except OSError as exc:
+        raise reader.fail(key, f"cannot read {path}: {exc.strerror}; {fix}, readable by SlurmUser") from None
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (ssl.SSLError, ValueError, OSError):
+        problem = "holds no PEM certificate" if b"-----BEGIN CERTIFICATE-----" not in text else \
+            "holds a PEM certificate that does not parse"
+        raise reader.fail(key, f"{path} {problem}; {fix} (-----BEGIN CERTIFICATE----- ...)") from None
+    return path
 
 
 def _kind(types: tuple[type, ...]) -> str:

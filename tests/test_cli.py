@@ -197,3 +197,45 @@ def test_an_operator_command_that_fails_unexpectedly_exits_4_in_one_line(monkeyp
     assert "Traceback" in err and err.strip().splitlines()[-1] == (
         "slurm-nebula-power usage: error: internal error: cannot convert float infinity to integer (a bug: please "
         "report it with the traceback above)")
+
+
+@pytest.mark.parametrize("argv", [["--config", "{config}", "template"], ["--config={config}", "template"],
+                                  ["template", "--config", "{config}"]])
+def test_config_works_before_the_command_and_after_it(tmp_path, argv: list[str]) -> None:
+    # issue 32: `slurm-nebula-power --config PATH status` said "unknown command '--config'"
+    setup = make_setup(tmp_path / "site", "http://127.0.0.1:9/RPC2", AUTH,
+                       nodesets='[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "t"\n')
+    config = setup.config.rename(setup.root / "site.toml")  # not beside slurm.conf's name: only --config finds it
+    env = {key: value for key, value in run_env(setup).items() if key != "SLURM_NEBULA_POWER_CONFIG"}
+    done = subprocess.run([program("slurm-nebula-power"), *(a.format(config=config) for a in argv)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    # `template` reads the configuration and refuses the node set for its missing keys: it read this file
+    assert done.returncode == EXIT_CONFIG, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"slurm-nebula-power template: error: {config}: nodeset[0]: missing vcpu"), line
+
+
+@pytest.mark.parametrize("argv", [["--config", "a.toml", "--config", "b.toml", "status"],
+                                  ["--config", "a.toml", "status", "--config", "b.toml"],
+                                  ["--config=a.toml", "status", "--config=b.toml"],
+                                  ["status", "--config", "a.toml", "--config", "b.toml"]])
+def test_config_given_twice_is_a_usage_error_in_one_line(tmp_path, argv: list[str]) -> None:
+    done = subprocess.run([program("slurm-nebula-power"), *argv], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("slurm-nebula-power") and line.endswith(
+        ": error: --config given twice (a.toml and b.toml): give it once"), line
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--config"], "--config needs a PATH"),
+    (["--config", "a.toml", "image", "build"], "image reads no configuration: remove --config a.toml"),
+    (["--config", "a.toml", "simulator"], "simulator reads no configuration"),
+    (["--verbose", "status"], "unknown option '--verbose' before the command"),
+])
+def test_a_bad_option_before_the_command_is_one_line(argv: list[str], said: str, capsys) -> None:
+    assert power_main(argv) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    [line] = err.splitlines()
+    assert out == "" and line.startswith("slurm-nebula-power: error: ") and said in line, line

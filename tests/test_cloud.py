@@ -15,7 +15,13 @@ from simfixtures import AUTH
 
 from slurm_nebula_power.cloud import OneCloud
 from slurm_nebula_power.config import OneConfig
-from slurm_nebula_power.errors import ActionRefused, CloudAuthError, QuotaExceeded, TransientCloudError
+from slurm_nebula_power.errors import (
+    ActionRefused,
+    CloudAuthError,
+    CredentialsRefused,
+    QuotaExceeded,
+    TransientCloudError,
+)
 from slurm_nebula_power.model import ACTIVE, LCM_INIT, PENDING, RUNNING_LCM, Vm, vms_from_xml
 from slurm_nebula_power.onerpc import translate
 
@@ -233,7 +239,7 @@ def test_one_vm_document_parses_like_a_pool_of_one() -> None:
      QuotaExceeded),
     ("[one.template.instantiate] User [2] : user [2] limit of 4 reached for RUNNING_VMS quota in VM with ID: 0",
      0x200, QuotaExceeded),
-    ("[one.vm.info] User couldn't be authenticated, aborting call.", 0x100, CloudAuthError),
+    ("[one.vm.info] User couldn't be authenticated, aborting call.", 0x100, CredentialsRefused),
     ("[one.hostpool.info] User [2] not authorized to perform action on host.", 0x200, CloudAuthError),
     ('[one.vm.action] Error performing action "resume": This action is not available for state RUNNING', 0x800,
      ActionRefused),

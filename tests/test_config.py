@@ -114,7 +114,9 @@ def test_unwritable_log_directory_exits_3_without_side_effect(setup, tmp_path, c
     assert resume_main(["gpu01"], setup.env) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert "log.file: cannot write" in err and err.count("\n") == 1
-    assert setup.scontrol_calls() == []
+    # the one thing done: the node slurmctld is powering up is handed back, not left to ResumeTimeout
+    assert setup.updates() == [["NodeName=gpu01", "State=POWER_DOWN_FORCE",
+                                "Reason=nebula: configuration unusable: run slurm-nebula-power check"]]
 
 
 def test_gpu_shortage_keys_default_and_load(setup) -> None:
@@ -127,3 +129,52 @@ def test_gpu_shortage_keys_default_and_load(setup) -> None:
     config = load_config(setup.config, setup.env)
     assert (config.nodesets[1].job_policy, config.nodesets[1].pending_timeout) == ("all-or-nothing", 90.0)
     assert config.power.shortage_cooldown == 120
+
+
+def test_the_example_names_the_image_as_image_build_does() -> None:
+    # issue 32: the example said "ubuntu-22.04-slurm" while `image build` makes Debian
+    import re
+
+    from slurm_nebula_power import configdoc
+    from slurm_nebula_power.cli.image import default_output
+    from slurm_nebula_power.imagespec import SUITES
+
+    [name] = re.findall(r'(?m)^# image = "([^"]+)"', configdoc.example_text())
+    assert name in {default_output(suite).stem for suite in SUITES}, name
+    assert (Path(__file__).resolve().parent.parent / "etc" / "nebula-power.toml").read_text() == \
+        configdoc.example_text(), "etc/nebula-power.toml is the example"
+
+
+PEM = "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n"
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda d: d / "missing.pem", "cannot read {path}: No such file or directory; give the PEM file of the CA"),
+    (lambda d: _written(d / "pem" / "x", "").parent, "{path} is not a regular file; give the PEM file of the CA "
+                                                      "that issued the front end's"),
+    (lambda d: _written(d / "empty.pem", ""), "{path} holds no PEM certificate; give the PEM file of the CA"),
+    (lambda d: _written(d / "bad.pem", PEM), "{path} holds a PEM certificate that does not parse; give"),
+])
+def test_a_ca_file_that_cannot_serve_is_refused_at_load_naming_the_key(setup, make, said: str, capsys) -> None:
+    path = make(setup.root / "ca")
+    setup.config.write_text(setup.config.read_text().replace("timeout = 5\n", f'timeout = 5\nca_file = "{path}"\n'))
+    with pytest.raises(ConfigError) as raised:
+        load_config(setup.config, setup.env)
+    assert str(raised.value).startswith(f"{setup.config}: opennebula.ca_file: {said.format(path=path)}"), raised.value
+    assert resume_main(["gpu01"], setup.env) == EXIT_CONFIG
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def _written(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_ca_file_with_https_verify_false_is_refused(setup, tmp_path) -> None:
+    setup.config.write_text(setup.config.read_text().replace(
+        "timeout = 5\n", f'timeout = 5\nhttps_verify = false\nca_file = "{tmp_path}/ca.pem"\n'))
+    with pytest.raises(ConfigError) as raised:
+        load_config(setup.config, setup.env)
+    assert str(raised.value) == (f"{setup.config}: opennebula.ca_file: set with https_verify = false, which trusts "
+                                 "any certificate: remove one of them")

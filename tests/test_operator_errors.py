@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from reliability_support import run_env, run_program, site
+from reliability_support import run_env, run_program, site, tune
 from support import make_setup
 from test_cli import program
 
@@ -75,6 +75,18 @@ def test_an_operator_command_against_a_down_endpoint_fails_fast_in_one_line(down
     assert done.stderr.count("cannot reach OpenNebula") == 1, "said once (reconcile's log said it again)"
     assert f"credentials: {setup.root / 'one_auth'}" in error[0] and str(setup.config) in error[0]
     assert endpoint.accepted <= 8, f"{endpoint.accepted} attempts: the retries of an interactive command"
+    said = error[0].partition(f"connection failed: {endpoint.endpoint.split('/')[2]} ")[2]  # closed, reset, ...
+    assert said.startswith(("closed the connection", "reset the connection")), error[0]
+
+
+def test_a_refused_connection_is_said_in_words_not_a_python_class_name(tmp_path, capsys) -> None:
+    from slurm_nebula_power.cli import status
+
+    setup = tune(make_setup(tmp_path / "site", "http://127.0.0.1:9/RPC2", "oneadmin:secret-pw"), retry_seconds=0.3)
+    assert status.main(["--no-slurm"], setup.env) != EXIT_OK
+    [error] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert "connection failed: 127.0.0.1:9 refused the connection (is oned running, listening on that port?)" \
+        in error and "ConnectionRefusedError" not in error, error
 
 
 class Dropping:
@@ -132,6 +144,57 @@ def test_a_wrong_password_names_the_user_the_endpoint_and_the_auth_file(tmp_path
     assert "not-the-password" not in done.stderr
 
 
+UNRESOLVED = "nebula-frontend.invalid"  # RFC 2606's reserved TLD: never a real host
+
+
+@pytest.fixture
+def unresolvable(monkeypatch) -> list[str]:
+    """getaddrinfo fails for names under .invalid as a resolver answers them (EAI_NONAME), in this process,
+    before any resolver is asked: nothing is sent off this machine. The names looked up, in order."""
+    asked: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if str(host).endswith(".invalid"):
+            asked.append(str(host))
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return asked
+
+
+def test_an_endpoint_whose_host_name_does_not_resolve_is_one_line_naming_it_and_the_fix(
+        tmp_path, unresolvable, capsys) -> None:
+    # issue 32: "connection failed: gaierror", a Python class name, was all an administrator saw
+    from slurm_nebula_power.cli import check, status
+
+    setup = make_setup(tmp_path / "site", f"http://{UNRESOLVED}:2633/RPC2", "oneadmin:secret-pw")
+    said = (f"cannot resolve the host name {UNRESOLVED} (Name or service not known): check [opennebula] "
+            "endpoint and the controller's resolver (/etc/hosts, /etc/resolv.conf)")
+    assert status.main(["--no-slurm"], setup.env) == EXIT_CONFIG  # not retried: the resolver said no such name
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"slurm-nebula-power status: error: OpenNebula at http://{UNRESOLVED}:2633/RPC2 "
+                    f"({setup.config}): [one.vmpool.infoextended] {said}"), line
+    assert check.main(["--json"], setup.env) == EXIT_NODES_FAILED
+    [found] = [f for f in json.loads(capsys.readouterr().out) if f["subject"].startswith("OpenNebula http")
+               and f["level"] == "problem"]
+    assert f"{found['text']}: {found['fix']}" == said
+    assert unresolvable and set(unresolvable) == {UNRESOLVED}, "the name was looked up, and only in-process"
+    assert "gaierror" not in line + found["text"]
+
+
+def test_a_node_handed_back_for_an_endpoint_that_does_not_resolve_says_so(tmp_path, unresolvable) -> None:
+    from slurm_nebula_power.cli.main import resume_main
+
+    setup = tune(make_setup(tmp_path / "site", f"http://{UNRESOLVED}:2633/RPC2", "oneadmin:secret-pw"),
+                 retry_seconds=0.3)
+    assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
+    [update] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert update[-1].startswith(f"Reason=nebula: OpenNebula: [one.templatepool.info] cannot resolve the host "
+                                 f"name {UNRESOLVED} (Name or service not known): check [opennebula] endpoint"), update
+
+
 def test_an_unreachable_slurmctld_is_not_called_refused(tmp_path, sim) -> None:
     # Before: resume logged "slurmctld refused the node address update" when slurmctld was down.
     setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
@@ -152,6 +215,22 @@ def test_a_node_handed_back_because_opennebula_is_unreachable_does_not_blame_its
     [update] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
     reason = update[-1]
     assert reason.startswith("Reason=nebula: OpenNebula: "), reason  # was "template slurm-gpu-worker: ..."
+
+
+def test_a_wrong_password_during_resume_names_the_credentials_not_the_template(tmp_path, sim) -> None:
+    # issue 32: the Reason read "template slurm-gpu-worker: [one.templatepool.info] User couldn't be
+    # authenticated, aborting call." (the simulator refuses a wrong session with oned's AUTHENTICATION code)
+    setup = site(tmp_path / "site", sim, auth="oneadmin:not-the-password", boot_timeout=20, poll_max=0.2)
+    done = run_program(setup, "resume", "gpu01")
+    assert done.returncode == EXIT_NODES_FAILED, done.stderr
+    said = f"OpenNebula refused the credentials of user oneadmin in {setup.root / 'one_auth'}"
+    [update] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
+    assert update[-1] == f"Reason=nebula: {said}"
+    [error] = [line for line in setup.log_text().splitlines() if " ERROR " in line]
+    assert error.endswith(f"node set gpu[01-08]: {said} ([one.templatepool.info] User couldn't be authenticated, "
+                          "aborting call.): put valid ones there (user:password or user:token)"), error
+    assert "template" not in update[-1] and sim.vms() == []
+    assert "not-the-password" not in setup.log_text() + done.stderr
 
 
 def test_a_mistyped_node_by_hand_forces_nothing_down(tmp_path, sim) -> None:
@@ -217,8 +296,9 @@ def power(setup, *args: str) -> subprocess.CompletedProcess[str]:
 def test_template_names_every_missing_key_and_warns_of_gpus_slurm_conf_disagrees_on(tmp_path) -> None:
     # issue 25, through the installed command: one missing key a run (six runs to find five keys), and a
     # GPU node set printed with no PCI line and no warning
-    from test_template import GPU_SET
-    from test_template import site as template_site
+    from test_template import PLAIN, online
+
+    from opennebula_sim import Durations, SimConfig, default_hosts, running_simulator
 
     setup = make_setup(tmp_path / "bare", "http://127.0.0.1:9/RPC2", "oneadmin:pw",
                        nodesets='[[nodeset]]\nnodes = "gpu[01-04]"\ntemplate = "t"\n')
@@ -226,13 +306,20 @@ def test_template_names_every_missing_key_and_warns_of_gpus_slurm_conf_disagrees
     assert done.returncode == EXIT_CONFIG and done.stdout == ""
     [line] = done.stderr.splitlines()
     assert "nodeset[0]: missing vcpu, memory_mb, network, controller, munge_key_file; " in line
-    setup = template_site(tmp_path, GPU_SET)
-    (setup.root / "slurm.conf").write_text("ClusterName=testcluster\nNodeName=gpu[01-04] State=CLOUD Gres=gpu:1\n")
-    done = power(setup, "template")
-    assert done.returncode == EXIT_OK and "PCI = [" in done.stdout
-    assert "Gres=gpu:1, but nodeset[0]" in done.stderr and "gives the template 2 GPU(s)" in done.stderr
-    setup.config.write_text(setup.config.read_text().replace("gpus = 2\n", "gpus = 0\n"))
-    done = power(setup, "template")
+    # `template` resolves the node set's networks and image as the user sees them: test_template's cloud
+    with running_simulator(SimConfig(hosts=default_hosts(2, 4, nics=1), durations=Durations(0, 0, 0, 0)),
+                           auth=PLAIN) as sim:
+        for network in ("slurm-compute", "ib-vfs"):
+            sim.add_network(network)
+        sim.add_image("debian-12-slurm")
+        setup = online(tmp_path, sim)
+        (setup.root / "slurm.conf").write_text("ClusterName=testcluster\nNodeName=gpu[01-04] State=CLOUD "
+                                               "Gres=gpu:1\n")
+        done = power(setup, "template")
+        assert done.returncode == EXIT_OK and "PCI = [" in done.stdout, done.stderr
+        assert "Gres=gpu:1, but nodeset[0]" in done.stderr and "gives the template 2 GPU(s)" in done.stderr
+        setup.config.write_text(setup.config.read_text().replace("gpus = 2\n", "gpus = 0\n"))
+        done = power(setup, "template")
     assert done.returncode == EXIT_OK
     assert "(no PCI line: its VMs get no GPU)" in done.stderr
 

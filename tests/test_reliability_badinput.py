@@ -147,7 +147,8 @@ CASES = [
     config("unusable lock directory", r"power\.lock_dir: cannot create", blocked_lock_dir, POWER),
     config("not TOML", r"not valid TOML", edit("[power]", "[power")),
     config("no configuration file", r"no such configuration file", no_config),
-    refused("authentication failure", r"User couldn't be authenticated", wrong_password),
+    refused("authentication failure", r"User couldn't be authenticated|refused the credentials of user oneadmin in",
+            wrong_password),
     refused("authorization failure", r"not authorized to perform action",
             lambda sim, setup: sim.set_authorized(False)),
     refused("quota exceeded: new VM", QUOTA, quota(), ("resume",)),
@@ -198,6 +199,13 @@ def test_bad_input_gives_one_clear_error_and_the_documented_exit(tmp_path, sim, 
             # No node can be locked: resume hands them back, so their jobs requeue now (issue 15, item 3).
             [handback] = [u for u in setup.updates() if "State=POWER_DOWN_FORCE" in u]
             assert handback[0] == "NodeName=gpu[01-02]"
+        elif program == "resume" and done.returncode == EXIT_CONFIG:
+            # The nodes slurmctld is powering up (all, by the fake's default) are handed back, nothing else;
+            # a file that is not TOML, or none, does not name the site's scontrol (the fake): nothing then.
+            unnamed = case.name in ("not TOML", "no configuration file")
+            assert setup.updates() == ([] if unnamed else [[
+                "NodeName=gpu[01-02]", "State=POWER_DOWN_FORCE",
+                "Reason=nebula: configuration unusable: run slurm-nebula-power check"]])
         else:
             assert setup.scontrol_calls() == [], "no scontrol call on invalid input"
     if case.no_retry:

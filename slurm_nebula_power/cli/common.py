@@ -15,7 +15,17 @@ from pathlib import Path
 
 from ..audit import AuditLog
 from ..config import Config, find_config, load_config
-from ..errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
+from ..errors import (
+    CloudAuthError,
+    CloudError,
+    ConfigError,
+    CredentialsRefused,
+    EndpointUnresolved,
+    EndpointUntrusted,
+    PowerError,
+    TransientCloudError,
+    first_line,
+)
 from ..files import UnsafeFile, make_directory, open_file
 from ..metrics import RunFigures, write_metrics
 from ..model import DONE, printable
@@ -147,9 +157,14 @@ def cloud_error_line(config: Config, exc: CloudError) -> str:
     what to do, not only oned's words ("User couldn't be authenticated" named neither)."""
     one = config.opennebula
     said = first_line(exc, 200)
-    if isinstance(exc, CloudAuthError):
+    if isinstance(exc, CredentialsRefused):
         return (f"OpenNebula at {one.endpoint} refused user {one.user} ({said}): put valid credentials "
                 f"(user:password or user:token) in {one.auth_file}")
+    if isinstance(exc, CloudAuthError):  # authenticated, but without a right this command needs
+        return (f"OpenNebula at {one.endpoint} did not let user {one.user} do this ({said}): grant it the "
+                "right (an ACL rule, or the object's owner, group and permissions)")
+    if isinstance(exc, (EndpointUnresolved, EndpointUntrusted)):  # it names the fix: [opennebula] in this file
+        return f"OpenNebula at {one.endpoint} ({config.path}): {first_line(exc, 400)}"
     if isinstance(exc, TransientCloudError):
         return (f"cannot reach OpenNebula at {one.endpoint} ({said}): check [opennebula] endpoint in "
                 f"{config.path}, that oned runs and that this host reaches it (credentials: {one.auth_file})")

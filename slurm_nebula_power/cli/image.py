@@ -79,6 +79,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def default_output(suite: str) -> Path:
+    """The image's file when -o is not given; its stem is the name the printed oneimage command gives it."""
+    return Path(f"slurm-worker-debian{SUITES[suite][0]}.qcow2")
+
+
 def spec_of(args: argparse.Namespace) -> ImageSpec:
     """The command line as an ImageSpec; UsageError for a bad value."""
     release = args.slurm_release or controller_release()
@@ -92,7 +97,7 @@ def spec_of(args: argparse.Namespace) -> ImageSpec:
             raise UsageError("give --suite: " + (f"no suite known here has Slurm {release}" if release else
                                                  "this machine has no slurmctld whose release it could match"))
         suite = fits[0]
-    output = args.output or Path(f"slurm-worker-debian{SUITES[suite][0]}.qcow2")
+    output = args.output or default_output(suite)
     return ImageSpec(suite=suite, output=output.absolute(), one_context=args.one_context.absolute(),
                      one_context_version=one_context_version(args.one_context, args.one_context_version),
                      packages=package_names(args.package), hooks=tuple(h.absolute() for h in args.hook),

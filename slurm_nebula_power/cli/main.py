@@ -99,30 +99,55 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 }
 
 
+# The commands that read no configuration: `--config` before them is refused (the simulator's own --config,
+# after its name, is its sim.toml).
+WITHOUT_CONFIG = frozenset({"simulator", "demo", "image"})
+
+
 def power_main(argv: Sequence[str] | None = None) -> int:
-    """The operator command: dispatch to a subcommand."""
+    """The operator command: dispatch to a subcommand; `--config PATH` may come before it or after it."""
     args = list(sys.argv[1:] if argv is None else argv)
     width = max(len(name) for name in COMMANDS)
-    usage = "usage: slurm-nebula-power [--version] COMMAND [ARGS...]\n\ncommands:\n" + "".join(
+    usage = "usage: slurm-nebula-power [--version] [--config PATH] COMMAND [ARGS...]\n\ncommands:\n" + "".join(
         f"  {name:<{width}}  {text}\n" for name, (_, text) in COMMANDS.items()) + \
         "\nRun 'slurm-nebula-power COMMAND --help' for a command's options."
-    if not args or args[0] in ("-h", "--help"):
+    config: list[str] = []
+    while args and args[0].startswith("-"):
+        option, given, value = args[0].partition("=")
+        if option in ("-h", "--help"):
+            print(usage)
+            return EXIT_OK
+        if option == "--version":
+            print(f"slurm-nebula-power {__version__}")
+            return EXIT_OK
+        if option != "--config":
+            return _usage_error(f"unknown option {args[0]!r} before the command; the options there are "
+                                "--config PATH, --version and --help")
+        if not given and len(args) < 2:
+            return _usage_error("--config needs a PATH: slurm-nebula-power --config PATH COMMAND ...")
+        path, args = (value, args[1:]) if given else (args[1], args[2:])
+        if config:
+            return _usage_error(f"--config given twice ({config[1]} and {path}): give it once")
+        config = ["--config", path]
+    if not args:
         print(usage)
-        return EXIT_OK if args else EXIT_USAGE
-    if args[0] == "--version":
-        print(f"slurm-nebula-power {__version__}")
-        return EXIT_OK
-    if args[0] not in COMMANDS:
-        print(f"slurm-nebula-power: error: unknown command {args[0]!r}; one of: {', '.join(COMMANDS)}",
-              file=sys.stderr)
         return EXIT_USAGE
+    if args[0] not in COMMANDS:
+        return _usage_error(f"unknown command {args[0]!r}; one of: {', '.join(COMMANDS)}")
+    if config and args[0] in WITHOUT_CONFIG:
+        return _usage_error(f"{args[0]} reads no configuration: remove --config {config[1]}")
     try:
-        return COMMANDS[args[0]][0](args[1:])
+        return COMMANDS[args[0]][0]([*config, *args[1:]])  # the command refuses a second --config
     except Exception as exc:  # a bug: its traceback for the report, then the one line and exit 4, never 1
         traceback.print_exc()  # (1 means "problems found" to check, status and usage)
         print(f"slurm-nebula-power {args[0]}: error: internal error: {first_line(exc, 200)} (a bug: please "
               "report it with the traceback above)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _usage_error(message: str) -> int:
+    print(f"slurm-nebula-power: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def prolog_main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
