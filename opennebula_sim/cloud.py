@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from opennebula_sim import states as S
 from opennebula_sim.config import Durations, Faults, SimConfig
 from opennebula_sim.messages import NO_HOSTS_TEXT, STUCK_TEXT, ctime, sched_text, version_at_least
-from opennebula_sim.model import History, Host, IpPool, PciSlot, Vm
+from opennebula_sim.model import History, Host, IpPool, Owned, PciSlot, Vm
 from opennebula_sim.requirements import RequirementError, matches
 from opennebula_sim.states import OneError
 from opennebula_sim.templates import Template, merge, parse_template, vectors
@@ -92,12 +92,17 @@ class Cloud:
         self._heap_count = 0
         self.stalled_until = 0.0  # monotonic: the scheduler places nothing before (locked_stall_placement)
         self.user_templates: dict[int, dict[str, str]] = {}  # uid -> USER/TEMPLATE (VM_*_OPERATIONS...)
+        self.session_user: User | None = None  # the RPC layer's user, beside oneadmin and the userN of add_vm
+        net = cfg.network
+        self.networks = {net.id: Owned(net.id, net.name, net.uid, net.other_use)}  # all lease from self.ips
+        self.images = {i.id: Owned(i.id, i.name, i.uid, i.other_use) for i in cfg.images}
         self.group_templates: dict[int, dict[str, str]] = {}  # gid -> GROUP/TEMPLATE
 
     # ------------------------------------------------------------------ allocation
     def locked_allocate(self, template_id: int, name: str, hold: bool, extra: Template, user: User,
-                        state: int = S.PENDING) -> Vm:
-        """Create a VM from a template merged with `extra`; its IPs are leased now, as oned does."""
+                        state: int = S.PENDING, networks: list[tuple[int, str]] | None = None) -> Vm:
+        """Create a VM from a template merged with `extra`; its IPs are leased now, as oned does. `networks`: the
+        (id, name) each NIC resolved to (opennebula_sim.pools), else the one network."""
         if template_id not in self.templates:
             raise OneError(S.NO_EXISTS, "", template_id, obj="virtual machine template")
         spec, base = self.templates[template_id]
@@ -106,7 +111,7 @@ class Cloud:
         try:
             built = build_vm_templates(base, extra, vm_id, vm_name, template_id, user.uid, user.uname,
                                        self.ips, self.onegate_endpoint if self.cfg.onegate else None,
-                                       routes=version_at_least(self.cfg.version, 7, 4))
+                                       routes=version_at_least(self.cfg.version, 7, 4), networks=networks)
         except BuildError as exc:
             raise OneError(S.ALLOCATE, str(exc), obj="virtual machine") from None
         self.next_id += 1
@@ -371,7 +376,18 @@ class Cloud:
         return counts
 
     def user_for(self, uid: int) -> User:
-        """The user a uid names (oneadmin is 0; others are plain users of group `users`)."""
+        """The user a uid names (oneadmin is 0, the session's user its own; others are userN of group `users`)."""
         if uid == 0:
             return ONEADMIN
+        if self.session_user is not None and uid == self.session_user.uid:
+            return self.session_user
         return User(uid, 1, f"user{uid}", "users")
+
+    def uid_of(self, uname: str) -> int | None:
+        """The uid of a user name (oneadmin, the session's user, userN), None for a user that does not exist."""
+        if uname == "oneadmin":
+            return 0
+        if self.session_user is not None and uname == self.session_user.uname:
+            return self.session_user.uid
+        digits = uname.removeprefix("user")
+        return int(digits) if uname.startswith("user") and digits.isascii() and digits.isdigit() else None

@@ -61,13 +61,31 @@ class TemplateSpec:
 
 @dataclass(frozen=True)
 class NetworkSpec:
-    """The one virtual network every NIC leases from."""
+    """The one virtual network every NIC leases from; its owner (uid 0: oneadmin) and whether others may USE it
+    (OTHER_U, as `onevnet chmod` sets it)."""
 
     id: int = 0
     name: str = "slurm-net"
     cidr: str = "127.0.1.0/24"
     gateway: str = ""
     dns: str = ""
+    uid: int = 0
+    other_use: bool = True
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """An image of the image datastore (READY): its owner (uid 0: oneadmin) and whether others may USE it."""
+
+    id: int
+    name: str
+    uid: int = 0
+    other_use: bool = True
+
+
+def default_images() -> tuple[ImageSpec, ...]:
+    """`slurm-worker` (id 0), oneadmin's."""
+    return (ImageSpec(0, "slurm-worker"),)
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,7 @@ class SimConfig:
     hosts: tuple[HostSpec, ...] = field(default_factory=default_hosts)
     templates: tuple[TemplateSpec, ...] = field(default_factory=default_templates)
     network: NetworkSpec = NetworkSpec()
+    images: tuple[ImageSpec, ...] = field(default_factory=default_images)
     durations: Durations = Durations()
     faults: Faults = Faults()
     seed: int = 0
@@ -197,6 +216,10 @@ def _validate(cfg: SimConfig, where: str) -> None:
     for host in cfg.hosts:
         if host.state not in HOST_STATES:
             raise ConfigError(f"{where}: host {host.name!r}: state must be one of {', '.join(HOST_STATES)}")
+    if len({i.id for i in cfg.images}) != len(cfg.images) or any(i.id < 0 or i.uid < 0 for i in cfg.images):
+        raise ConfigError(f"{where}: image ids must be unique, ids and uids not negative")
+    if len({(i.name, i.uid) for i in cfg.images}) != len(cfg.images):
+        raise ConfigError(f"{where}: an owner's image names must be unique (oned: NAME is already taken)")
     if len({t.id for t in cfg.templates}) != len(cfg.templates):
         raise ConfigError(f"{where}: template ids must be unique")
     for spec in cfg.templates:
@@ -207,7 +230,7 @@ def _validate(cfg: SimConfig, where: str) -> None:
 
 
 _TOP_KEYS = {"seed", "version", "tick_seconds", "action_timeout", "onegate", "on_running", "on_stopped", "durations",
-             "faults", "network", "hosts", "host", "template"}
+             "faults", "network", "hosts", "host", "template", "image"}
 _HOSTS_KEYS = {"count", "gpus_per_host", "nics_per_host", "cpu", "memory_mb"}
 _HOST_KEYS = {"name", "cpu", "memory_mb", "gpus", "nics", "pci", "state", "attributes"}
 _PCI_KEYS = {"short_address", "vendor", "device", "class", "vendor_name", "device_name", "class_name",
@@ -257,6 +280,9 @@ def load_sim_config(path: str | Path) -> SimConfig:
         kwargs["hosts"] = tuple(_host(entry, where, i) for i, entry in enumerate(data["host"]))
     if "template" in data:
         kwargs["templates"] = tuple(_template(entry, where, i) for i, entry in enumerate(data["template"]))
+    if "image" in data:
+        kwargs["images"] = tuple(_section(ImageSpec, entry, where, f"image[{i}]")
+                                 for i, entry in enumerate(data["image"]))
     try:
         return SimConfig(**kwargs)
     except TypeError as exc:

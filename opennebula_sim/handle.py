@@ -15,7 +15,7 @@ from opennebula_sim.cloud import Cloud
 from opennebula_sim.config import HOST_STATES, SimConfig
 from opennebula_sim.hooks import HookRunner
 from opennebula_sim.hostapi import host_update
-from opennebula_sim.model import Lock, Vm
+from opennebula_sim.model import Lock, Owned, Vm
 from opennebula_sim.rpc import Api
 from opennebula_sim.server import RpcServer
 from opennebula_sim.templates import Template, to_plain
@@ -220,6 +220,35 @@ class Simulator:
         """Merge attributes into the TEMPLATE of the session user's group (`onegroup update --append`)."""
         with self.cloud.lock:
             self.cloud.group_templates.setdefault(self.api.user.gid, {}).update(attrs)
+
+    def add_network(self, name: str, uid: int = 0, other_use: bool = True) -> int:
+        """A virtual network of user `uid` (0: oneadmin; its NICs lease from the one address range); its id."""
+        return self._add(self.cloud.networks, name, uid, other_use)
+
+    def add_image(self, name: str, uid: int = 0, other_use: bool = True) -> int:
+        """A READY image of user `uid` (0: oneadmin); its id."""
+        return self._add(self.cloud.images, name, uid, other_use)
+
+    def _add(self, objects: dict[int, Owned], name: str, uid: int, other_use: bool) -> int:
+        with self.cloud.lock:
+            if any(o.name == name and o.uid == uid for o in objects.values()):
+                raise ValueError(f"user {uid} already owns one named {name!r}")
+            oid = max(objects, default=-1) + 1
+            objects[oid] = Owned(oid, name, uid, other_use)
+            return oid
+
+    def set_use(self, kind: str, oid: int, other_use: bool | None = None, grant_gid: int | None = None,
+                uid: int | None = None) -> None:
+        """Who may use network or image `oid` (kind "network" or "image"): OTHER_U (`onevnet chmod`), an ACL rule
+        for a group (`oneacl create "@GID NET/#ID USE"`), its owner (`onevnet chown`)."""
+        with self.cloud.lock:
+            obj = (self.cloud.networks if kind == "network" else self.cloud.images)[oid]
+            if other_use is not None:
+                obj.other_use = other_use
+            if grant_gid is not None:
+                obj.acl_gids.add(grant_gid)
+            if uid is not None:
+                obj.uid = uid
 
     def set_authorized(self, authorized: bool) -> None:
         """When False every authenticated call fails with AUTHORIZATION (0x200)."""

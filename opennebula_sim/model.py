@@ -77,6 +77,22 @@ class Vm:
 
 
 @dataclass
+class Owned:
+    """A virtual network or an image: its owner and who else may USE it (OTHER_U, or an ACL rule for a group,
+    `oneacl create "@GID NET/#ID USE"`); oneadmin and the oneadmin group may use everything."""
+
+    id: int
+    name: str
+    uid: int
+    other_use: bool = True
+    acl_gids: set[int] = field(default_factory=set)
+
+    def usable_by(self, uid: int, gid: int) -> bool:
+        """What PoolSQL's filter -2 lists for this user, and what USE authorises."""
+        return uid == 0 or gid == 0 or uid == self.uid or self.other_use or gid in self.acl_gids
+
+
+@dataclass
 class PciSlot:
     """A host PCI device and the VM holding it (-1 = free), as HOST_SHARE/PCI_DEVICES shows it."""
 

@@ -18,16 +18,18 @@ from opennebula_sim.filters import owner_matches, term_matches
 from opennebula_sim.hostapi import host_status, host_update, update_text
 from opennebula_sim.model import Vm
 from opennebula_sim.onegate import put_vm
+from opennebula_sim.pools import IMAGE, NET, authorize, object_info, pool_info, resolve
 from opennebula_sim.states import OneError
-from opennebula_sim.templates import TemplateSyntaxError, first, parse_template
-from opennebula_sim.xmlrender import VmXmlCache, host_xml, vmtemplate_xml, vnet_xml
+from opennebula_sim.templates import TemplateSyntaxError, first, merge, parse_template
+from opennebula_sim.xmlrender import VmXmlCache, host_xml, vmtemplate_xml
 
 # xmlrpc-c's fault codes: no such method, and parameters of the wrong type or number.
 FAULT_NO_METHOD, FAULT_TYPE = -506, -501
 
 _OBJECT = {  # the object name oned's messages use for each method family
     "one.template": "virtual machine template", "one.templatepool": "virtual machine template",
-    "one.host": "host", "one.hostpool": "host", "one.vn": "virtual network", "one.user": "user", "one.system": "system",
+    "one.host": "host", "one.hostpool": "host", "one.vn": "virtual network", "one.vnpool": "virtual network",
+    "one.image": "image", "one.imagepool": "image", "one.user": "user", "one.system": "system",
 }
 
 
@@ -57,6 +59,7 @@ class Api:
         self.auth = auth
         self.username = auth.split(":", 1)[0]
         self.user = ONEADMIN if self.username == "oneadmin" else User(2, 1, self.username, "users")
+        cloud.session_user = self.user
         self.list_order = list_order
         self.tokens: dict[str, float | None] = {}  # login token -> expiry (None = never)
         self.xml = VmXmlCache()
@@ -81,7 +84,10 @@ class Api:
             "one.host.info": (self.host_info, "i", "b"),
             "one.host.update": (partial(host_update, cloud), "is", "i"),
             "one.host.status": (partial(host_status, cloud), "ii", ""),
-            "one.vn.info": (self.vn_info, "i", "b"),
+            "one.vn.info": (partial(object_info, cloud, NET), "i", "b"),
+            "one.vnpool.info": (partial(pool_info, cloud, NET, list_order), "iii", ""),
+            "one.image.info": (partial(object_info, cloud, IMAGE), "i", "b"),
+            "one.imagepool.info": (partial(pool_info, cloud, IMAGE, list_order), "iii", ""),
             "one.system.version": (self.system_version, "", ""),
             "one.system.config": (self.system_config, "", ""),
             "one.user.login": (self.user_login, "ssi", "i"),
@@ -166,11 +172,14 @@ class Api:
         except TemplateSyntaxError as exc:
             raise OneError(S.INTERNAL, str(exc)) from None
         with self.cloud.lock:
+            merged = merge(self.cloud.templates[template_id][1], extra_tmpl)
+            authorize(self.cloud, user, merged)  # USE of its networks and images, then quotas, then allocation
             if self.cloud.faults.quota_exceeded:
                 raise OneError(S.AUTHORIZATION, quota_message(self.cloud, user))
             if self.cloud.faults.allocate_failure:
                 raise OneError(S.ALLOCATE, "Cannot allocate the VM in the database")
-            return self.cloud.locked_allocate(template_id, name, hold, extra_tmpl, user).id
+            networks = resolve(self.cloud, user, merged)
+            return self.cloud.locked_allocate(template_id, name, hold, extra_tmpl, user, networks=networks).id
 
     def vm_action(self, user: User, action: str, vm_id: int) -> int:
         """one.vm.action: the VM's id."""
@@ -308,13 +317,6 @@ class Api:
             if not 0 <= host_id < len(self.cloud.hosts):
                 raise OneError(S.NO_EXISTS, "", host_id, obj="host")
             return host_xml(self.cloud.hosts[host_id], int(self.cloud.clock()))
-
-    def vn_info(self, user: User, vn_id: int, decrypt: bool = False) -> str:
-        """one.vn.info: the one network, with its leases."""
-        with self.cloud.lock:
-            if vn_id != self.cloud.ips.spec.id:
-                raise OneError(S.NO_EXISTS, "", vn_id, obj="virtual network")
-            return vnet_xml(self.cloud.ips)
 
     def system_version(self, user: User) -> str:
         """one.system.version: the configured oned version string."""

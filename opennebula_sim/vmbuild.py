@@ -34,12 +34,13 @@ class Built:
 
 def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, template_id: int,
                        uid: int, uname: str, ips: IpPool, onegate_endpoint: str | None = "",
-                       routes: bool = False) -> Built:
+                       routes: bool = False, networks: Sequence[tuple[int, str]] | None = None) -> Built:
     """Merge, split into TEMPLATE/USER_TEMPLATE, lease NIC addresses and fill CONTEXT as oned does.
 
     With CONTEXT TOKEN=YES and an `onegate_endpoint`, CONTEXT gets ONEGATE_ENDPOINT and VMID, as oned's
     generate_token_context adds them (oned.conf's ONEGATE_ENDPOINT); None: oned.conf has none, and TOKEN=YES is
-    refused as oned refuses it. `routes`: the ETH<i>_ROUTES key of 7.4+.
+    refused as oned refuses it. `routes`: the ETH<i>_ROUTES key of 7.4+. `networks`: the network (id, name) each
+    NIC resolved to; every NIC leases from `ips` whichever it is.
     """
     merged = merge(base, extra)
     merged.pop("NAME", None)  # VMTemplateInstantiate erases NAME; the VM name is the call's argument
@@ -57,7 +58,8 @@ def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, t
                 ips.release(taken)
             raise BuildError(f"Cannot get IP/MAC lease from virtual network {ips.spec.id}.")
         leased.append(ip)
-        nics.append(_nic(nic, index, vm_id, ip, ips))
+        net = networks[index] if networks and index < len(networks) else (ips.spec.id, ips.spec.name)
+        nics.append(_nic(nic, index, vm_id, ip, net))
     if nics:
         vm_tmpl["NIC"] = nics
     contexts = vectors(vm_tmpl, "CONTEXT")
@@ -89,14 +91,13 @@ def build_vm_templates(base: Template, extra: Template, vm_id: int, name: str, t
     return Built(vm_tmpl, user_tmpl, cpu_units, memory_kb, requests, leased)
 
 
-def _nic(nic: dict[str, str], index: int, vm_id: int, ip: str, ips: IpPool) -> dict[str, str]:
+def _nic(nic: dict[str, str], index: int, vm_id: int, ip: str, net: tuple[int, str]) -> dict[str, str]:
     out = dict(nic)
     out.update(
-        AR_ID="0", BRIDGE="br0", IP=ip, MAC=mac_for(ip), NETWORK=ips.spec.name, NETWORK_ID=str(ips.spec.id),
+        AR_ID="0", BRIDGE="br0", IP=ip, MAC=mac_for(ip), NETWORK=net[1], NETWORK_ID=str(net[0]),
         NIC_ID=str(index), SECURITY_GROUPS="0", TARGET=f"one-{vm_id}-{index}", VN_MAD="dummy",
     )
-    out.setdefault("NETWORK_UNAME", "oneadmin")
-    return out
+    return out  # NETWORK_UNAME stays as given: VirtualNetwork::nic_attribute sets NETWORK and NETWORK_ID only
 
 
 def _context(context: dict[str, str], nics: list[Value], ips: IpPool, vm_tmpl: Template, user_tmpl: Template,

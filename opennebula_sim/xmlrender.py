@@ -5,11 +5,10 @@ VM bodies are cached per VM version, so a pool query over 10,000 VMs joins ready
 
 from __future__ import annotations
 
-import ipaddress
 from xml.sax.saxutils import escape
 
 from opennebula_sim.config import TemplateSpec
-from opennebula_sim.model import History, Host, IpPool, Vm, mac_for
+from opennebula_sim.model import History, Host, Vm
 from opennebula_sim.templates import Template
 
 _VM_PERMISSIONS = (
@@ -199,22 +198,4 @@ def vmtemplate_xml(spec: TemplateSpec, tmpl: Template, regtime: int) -> str:
         f"<NAME>{text(spec.name)}</NAME>"
         + _VM_PERMISSIONS.replace("<GROUP_U>0</GROUP_U>", "<GROUP_U>1</GROUP_U>")
         + f"<REGTIME>{regtime}</REGTIME>{template_xml(body, 'TEMPLATE')}</VMTEMPLATE>"
-    )
-
-
-def vnet_xml(pool: IpPool) -> str:
-    """The one <VNET> as one.vn.info sends it: one IP4 address range whose LEASES list each leased IP and
-    the VM holding it (oned drops a lease when the VM is DONE)."""
-    spec = pool.spec
-    leases = "".join(f"<LEASE><IP>{cdata(ip)}</IP><MAC>{cdata(mac_for(ip))}</MAC><VM>{cdata(str(vm))}</VM></LEASE>"
-                     for ip, vm in sorted(pool.used.items(), key=lambda item: tuple(map(int, item[0].split(".")))))
-    first = str(ipaddress.IPv4Address(pool.first))
-    return (
-        f"<VNET><ID>{spec.id}</ID><UID>0</UID><GID>0</GID><UNAME>oneadmin</UNAME><GNAME>oneadmin</GNAME>"
-        f"<NAME>{text(spec.name)}</NAME>{_VM_PERMISSIONS}<CLUSTERS><ID>0</ID></CLUSTERS>"
-        f"<BRIDGE>{cdata('br0')}</BRIDGE><VN_MAD>{cdata('dummy')}</VN_MAD><USED_LEASES>{len(pool.used)}"
-        f"</USED_LEASES><TEMPLATE><BRIDGE>{cdata('br0')}</BRIDGE><VN_MAD>{cdata('dummy')}</VN_MAD></TEMPLATE>"
-        f"<AR_POOL><AR><AR_ID>{cdata('0')}</AR_ID><IP>{cdata(first)}</IP><MAC>{cdata(mac_for(first))}</MAC>"
-        f"<SIZE>{cdata(str(pool.size))}</SIZE><TYPE>{cdata('IP4')}</TYPE><USED_LEASES>{len(pool.used)}"
-        f"</USED_LEASES><LEASES>{leases}</LEASES></AR></AR_POOL></VNET>"
     )

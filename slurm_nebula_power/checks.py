@@ -13,7 +13,15 @@ from typing import Any
 
 from .capacity import Pool, gpu_requests, label
 from .config import Config, NodeSet, find_config, load_config
-from .errors import CloudAuthError, CloudError, ConfigError, PowerError, TransientCloudError, first_line
+from .errors import (
+    CloudAuthError,
+    CloudError,
+    ConfigError,
+    EndpointError,
+    PowerError,
+    TransientCloudError,
+    first_line,
+)
 from .findings import Report, check_files, check_ownership, check_program_access, check_transport
 from .fleetchecks import check_domains, check_protected
 from .gres import check_gres
@@ -41,6 +49,7 @@ from .slurmchecks import (
 )
 from .slurmconf import SlurmConf, count, gres_gpus, node_cpus, read_slurm_conf
 from .template import worker_script
+from .templateuse import check_template_use, missing_template_fix
 
 STOCK_ACTIONS_PER_CLUSTER = 30  # oned.conf MAX_ACTIONS_PER_CLUSTER as shipped (7.0, 7.4)
 STOCK_MAX_CONN = 15  # oned.conf MAX_CONN (XML-RPC connections served at once) as shipped
@@ -63,6 +72,9 @@ def check_cloud(report: Report, config: Config, cloud: Cloud) -> Cloud | None:
     except CloudAuthError as exc:
         report.problem(subject, f"user {one.user} refused: {first_line(exc)}",
                        f"put valid credentials (user:password or user:token) in {one.auth_file}")
+        return None
+    except EndpointError as exc:  # its host name or its certificate, with the fix in [opennebula]
+        report.problem(subject, exc.problem, exc.fix)
         return None
     except CloudError as exc:
         report.problem(subject, f"unreachable: {first_line(exc)}",
@@ -88,9 +100,10 @@ def check_templates(report: Report, config: Config, cloud: Cloud, conf: SlurmCon
     for nodeset, shape, error in shapes:
         subject = f"node set {nodeset.nodes_expr} template {nodeset.template!r}"
         if shape is None:
-            report.problem(subject, error, "create the template in OpenNebula or fix the node set's template "
-                           "(a name visible to the user, or the numeric id)")
+            report.problem(subject, error, missing_template_fix(config, nodeset))
             continue
+        # Only an explicit `gpus` is held against the template: the 1 a gpu_* key implies (template.gpus_of) is
+        # what `template` prints, and a template made by hand with more GPUs serves them all.
         want = nodeset.options.get("gpus")
         if shape.gpus == 0 and want != 0:
             report.problem(subject, "has no PCI GPU", 'add PCI = [ VENDOR = "10de", CLASS = "0302" ] to the '
@@ -316,15 +329,18 @@ def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: Sl
 # ---- the run ------------------------------------------------------------------------------------------
 
 
-def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: Callable[[Config], Cloud]) -> Report:
+def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: Callable[[Config], Cloud], *,
+               instantiate: bool = False) -> Report:
     """Every check, in order; later checks are skipped only when what they need is missing.
 
-    open_cloud makes the OpenNebula client (without retries: check reports, it does not insist)."""
+    open_cloud makes the OpenNebula client (without retries: check reports, it does not insist); `instantiate`:
+    each template is also instantiated on hold as the user and removed at once (nothing is made otherwise)."""
     report = Report()
     try:
         config = load_config(find_config(config_arg, environ), environ)
     except ConfigError as exc:
-        report.problem("configuration", str(exc), "slurm-nebula-power example-config prints an example to start from")
+        report.problem("configuration", exc.problem, exc.fix or "slurm-nebula-power example-config prints an example "
+                       "to start from")  # the fix of its own, when it has one (an auth file of mode 0644)
         return report
     report.ok(f"configuration {config.path}", f"cluster {config.slurm.cluster}, {len(config.nodesets)} node "
               f"set(s), {len(config.all_nodes)} nodes")
@@ -354,6 +370,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     cloud = check_cloud(report, config, open_cloud(config))
     if cloud is not None:
         check_templates(report, config, cloud, conf)
+        check_template_use(report, config, cloud, instantiate=instantiate)
         check_onegate(report, config, cloud)
         check_template_context(report, config, cloud)
         check_capacity(report, config, cloud)

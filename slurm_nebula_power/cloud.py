@@ -18,6 +18,7 @@ from .grants import Rights, config_levels, group_levels, user_from_xml
 from .hosts import Host, VmNeeds, host_gpus, hosts_from_xml, vm_needs_from_xml
 from .model import Vm, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
+from .owned import IMAGE, NETWORK, Kind, Owned, owned_from_xml
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,7 +67,7 @@ class OneCloud:
         self.stats = CallStats()
         self.last_vms: list[Vm] | None = None  # the latest pool query's answer (the metrics' gauges)
         self._local = threading.local()
-        self._tls = ssl_context(config.https_verify) if config.endpoint.startswith("https") else None
+        self._tls = ssl_context(config.https_verify, config.ca_file) if config.endpoint.startswith("https") else None
 
     def _rpc(self) -> OneRpc:
         rpc: OneRpc | None = getattr(self._local, "rpc", None)
@@ -187,6 +188,19 @@ class OneCloud:
         if len(matches) > 1:
             raise CloudError(f"several VM templates are named {ref!r} (ids {matches}); use the numeric id")
         return matches[0]
+
+    def networks(self) -> list[Owned]:
+        """Every virtual network the user may USE, with its owner (one.vnpool.info, filter -2: oned lists what the
+        user owns, its groups' and others' shared networks and what ACLs grant it, and nothing else)."""
+        return self._owned("vnpool.info", NETWORK)
+
+    def images(self) -> list[Owned]:
+        """Every image the user may USE, with its owner (one.imagepool.info, filter -2, as networks())."""
+        return self._owned("imagepool.info", IMAGE)
+
+    def _owned(self, method: str, kind: Kind) -> list[Owned]:
+        return self.call(method, lambda s: _parsed(method, lambda text: owned_from_xml(text, kind),
+                                                   s.call(method, -2, -1, -1)))
 
     def template(self, template_id: int) -> dict[str, Any]:
         """A template's TEMPLATE section as a dict."""

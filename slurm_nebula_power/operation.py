@@ -4,6 +4,7 @@ return, and the few steps every one of them takes (remove a VM, hand nodes back,
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import defaultdict
@@ -17,7 +18,8 @@ from .errors import ActionRefused, CloudError, SlurmError, VmNotFound, first_lin
 from .grants import Rights
 from .hostlists import fold
 from .hosts import Host, VmNeeds
-from .model import ACTIVE, DONE, RUNNING_LCM, Vm
+from .model import ACTIVE, DONE, RUNNING_LCM, Vm, printable
+from .owned import Owned
 from .plan import removal_action
 from .slurm import SlurmControl
 
@@ -33,6 +35,8 @@ class Cloud(Protocol):
     def host(self, host_id: int) -> Host: ...
     def template_id(self, ref: str | int) -> int: ...
     def template(self, template_id: int) -> dict[str, Any]: ...
+    def networks(self) -> list[Owned]: ...
+    def images(self) -> list[Owned]: ...
     def instantiate(self, template_id: int, name: str, extra: str, retry: bool = True,
                     hold: bool = False) -> int: ...
     def action(self, action: str, vm_id: int) -> None: ...
@@ -171,9 +175,38 @@ def remove_vm(cloud: Cloud, vm: Vm, patience: Patience) -> str:
     return "recover-delete"
 
 
+# oned's refusals of an instantiate whose template names a network or image the user cannot have
+# (VirtualNetworkPool.cc, ImageManagerActions.cc, AuthManager.cc): their text runs past REASON_LENGTH, so the
+# Reason says it in a short sentence of its own instead of a cut one.
+_NOT_OWNED = re.compile(r"User (\d+) does not own an? (network|image) with name: (.*?) \. Set")
+_NO_ID = re.compile(r"(Virtual network|Image) with ID: (\S{1,20}) does not exist")
+_NO_USE = re.compile(r"Not authorized to perform USE (NET|IMAGE) \[(\d+)\]")
+_VECTOR = {"network": ("NIC", "NETWORK"), "image": ("DISK", "IMAGE")}
+
+
+def _reference_reason(text: str) -> str | None:
+    """The short sentence for a NIC's network or a DISK's image oned could not resolve or authorise, or None."""
+    if found := _NOT_OWNED.search(text):
+        uid, noun, name = found.groups()
+        vector, attr = _VECTOR[noun]
+        name = printable(name) if len(name) <= 40 else printable(name[:37]) + "..."
+        return (f"template {vector}: {noun} {name} not owned by user {uid}; set {attr}_UNAME or use {attr}_ID "
+                "(check says how)")
+    if found := _NO_ID.search(text):
+        noun = "network" if found.group(1) == "Virtual network" else "image"
+        vector, attr = _VECTOR[noun]
+        return f"template {vector}: no {noun} {printable(found.group(2))}; fix {attr}_ID (check says how)"
+    if found := _NO_USE.search(text):
+        noun = "network" if found.group(1) == "NET" else "image"
+        return (f"template {_VECTOR[noun][0]}: {noun} {found.group(2)} not usable by the user; oneadmin grants "
+                "USE (check says how)")
+    return None
+
+
 def cloud_reason(exc: BaseException) -> str:
-    """A node's failure reason from an OpenNebula error: its first line, short enough for a Slurm Reason."""
-    return f"OpenNebula: {first_line(exc, REASON_LENGTH)}"
+    """A node's failure reason from an OpenNebula error: its first line, short enough for a Slurm Reason; a
+    template's network or image oned refused is a short sentence of its own (never one cut in the middle)."""
+    return f"OpenNebula: {_reference_reason(first_line(exc, 1000)) or first_line(exc, REASON_LENGTH)}"
 
 
 def timed(what: str, node: str, vm_id: int | None, fn: Callable[[], Any]) -> Any:

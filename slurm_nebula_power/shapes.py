@@ -15,7 +15,7 @@ from typing import Any
 from . import __version__
 from .config import Config, NodeSet
 from .domains import Topology, topology
-from .errors import CloudError, TransientCloudError, first_line
+from .errors import CloudError, CredentialsRefused, TransientCloudError, first_line
 from .hostlists import fold
 from .model import Pci
 from .operation import Cloud
@@ -91,7 +91,8 @@ def options_shape(nodeset: NodeSet) -> Shape | None:
 def read_shapes(config: Config, cloud: Cloud, unreachable_raises: bool = False
                 ) -> list[tuple[NodeSet, Shape | None, str]]:
     """Per node set: its template's Shape, or None and why it could not be read. unreachable_raises: an
-    OpenNebula that does not answer (TransientCloudError) is raised, not blamed on each template."""
+    OpenNebula that does not answer (TransientCloudError), or refuses the credentials (CredentialsRefused), is
+    raised, not blamed on each template."""
     out: list[tuple[NodeSet, Shape | None, str]] = []
     for nodeset in config.nodesets:
         try:
@@ -101,6 +102,10 @@ def read_shapes(config: Config, cloud: Cloud, unreachable_raises: bool = False
             if unreachable_raises:
                 raise
             out.append((nodeset, None, "OpenNebula did not answer"))
+        except CredentialsRefused as exc:  # the session, not the template: no template fix would help
+            if unreachable_raises:
+                raise
+            out.append((nodeset, None, first_line(exc)))
         except CloudError as exc:
             out.append((nodeset, None, first_line(exc)))
     return out

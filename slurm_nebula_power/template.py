@@ -18,6 +18,8 @@ from . import __version__
 from .config import Config, NodeSet
 from .errors import ConfigError, UsageError
 from .hostlists import expand
+from .operation import Cloud
+from .owned import IMAGE, NETWORK, Kind, Owned, Unresolved, by_name, numeric
 
 WORKER_SCRIPT = "worker/slurm-nebula-worker.sh"
 # READY=YES comes from the worker alone, once slurmd runs, so one-context's own report (net-99, CONTEXT
@@ -101,10 +103,21 @@ def read_munge_key(opts: _Options) -> bytes:
     return key
 
 
+GPU_KEYS = ("gpu_vendor", "gpu_class", "gpu_device", "gpu_profile", "gpu_type")  # any of them: a GPU node set
+
+
+def gpus_wanted(nodeset: NodeSet) -> int | None:
+    """The GPUs a node set asks for: `gpus`, else 1 when any gpu_* option is set (docs/configuration.md), else
+    None (it says nothing of GPUs)."""
+    if "gpus" in nodeset.options:
+        return int(nodeset.options["gpus"])
+    return 1 if any(key in nodeset.options for key in GPU_KEYS) else None
+
+
 def gpus_of(nodeset: NodeSet) -> int:
     """The GPUs a node set's template gets: `gpus`, else 1 when any gpu_* option is set, else none."""
-    gpu_keys = ("gpu_vendor", "gpu_class", "gpu_device", "gpu_profile")
-    return int(nodeset.options.get("gpus", 1 if any(k in nodeset.options for k in gpu_keys) else 0))
+    wanted = gpus_wanted(nodeset)
+    return 0 if wanted is None else wanted
 
 
 def _quote(value: object) -> str:
@@ -115,14 +128,56 @@ def _vector(name: str, items: Sequence[tuple[str, object]]) -> str:
     return f"{name} = [ " + ", ".join(f"{k} = {_quote(v)}" for k, v in items) + " ]"
 
 
-def _by_name_or_id(name_key: str, value: str) -> tuple[str, str]:
-    return (f"{name_key}_ID", value) if value.isdigit() else (name_key, value)
+def named(config: Config, index: int, nodeset: NodeSet) -> dict[str, tuple[Kind, str]]:
+    """The node set's network, image (and InfiniBand network, when it has that NIC) given by name rather than
+    numeric id: what oned must resolve, as the configured user sees it, before the template can name them by id."""
+    opts = _Options(config, index, nodeset)
+    keys = [("network", NETWORK), ("image", IMAGE)]
+    if "ib_vendor" in opts.opts or "ib_device" in opts.opts:
+        keys.append(("ib_network", NETWORK))
+    found = {key: (kind, opts.text(key)) for key, kind in keys}
+    return {key: (kind, value) for key, (kind, value) in found.items() if value and not numeric(value)}
+
+
+def resolve_names(config: Config, index: int, nodeset: NodeSet, cloud: Cloud) -> dict[str, Owned]:
+    """The node set's networks and image given by name, each found among what the user may use (filter -2 of
+    one.vnpool.info and one.imagepool.info); ConfigError naming the key, the user and the fix when a name is
+    not there, or there under several ids."""
+    wanted = named(config, index, nodeset)
+    if not wanted:
+        return {}
+    user = cloud.rights()
+    pools: dict[str, list[Owned]] = {}
+    found: dict[str, Owned] = {}
+    for key, (kind, name) in wanted.items():
+        visible = pools.get(kind.noun)
+        if visible is None:
+            visible = pools[kind.noun] = cloud.networks() if kind is NETWORK else cloud.images()
+        hit = by_name(kind, key, name, visible, user)
+        if isinstance(hit, Unresolved):
+            raise ConfigError(f"{config.path}: nodeset[{index}].{key}: {hit.text}", hit.fix)
+        found[key] = hit
+    return found
+
+
+def _reference(kind: Kind, key: str, value: str, refs: Mapping[str, Owned]) -> tuple[list[str], tuple[str, str]]:
+    """The comment and the vector member naming a network or image: by id when resolved (or given as a number),
+    else by name as the node set gives it (no oned asked)."""
+    attr = kind.attribute
+    ref = refs.get(key)
+    if ref is not None:
+        note = (f'# {key} "{ref.name}": {kind.noun} {ref.id}, owned by {ref.uname}; by id, as oned looks a name up '
+                f"only among one owner's ({attr}_UNAME, else the user's own)")
+        return [note], (f"{attr}_ID", str(ref.id))
+    return [], ((f"{attr}_ID", value) if numeric(value) else (attr, value))
 
 
 def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None = None,
-           script: bytes | None = None) -> str:
-    """The VM template of a node set, in OpenNebula template syntax."""
+           script: bytes | None = None, refs: Mapping[str, Owned] | None = None) -> str:
+    """The VM template of a node set, in OpenNebula template syntax. `refs`: its networks and image given by name,
+    as resolve_names found them (written by id); without them a name is written as given."""
     opts = _Options(config, index, nodeset)
+    refs = refs or {}
     needed = {"vcpu": "VCPU", "memory_mb": "MEMORY", "network": "the NIC",
               "controller": "SLURM_CONTROLLER (slurmctld's host[:port])"}
     if munge_key is None:
@@ -148,7 +203,8 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
 
     lines = [
         f"# OpenNebula VM template for the Slurm nodes {nodeset.nodes_expr}, from {config.path}",
-        f"# by slurm-nebula-power {__version__} template. Create it with:  onetemplate create FILE",
+        f"# by slurm-nebula-power {__version__} template. Create it as the user resume acts as, so that it is that",
+        f"# user's:  ONE_AUTH={config.opennebula.auth_file} onetemplate create FILE",
         "#",
         "# SECRET: CONTEXT/MUNGE_KEY_BASE64 is the cluster's munge key. Whoever can read this file or the",
         "# template can act as any Slurm user on the cluster: keep the file mode 600, delete it once the",
@@ -179,12 +235,14 @@ def render(config: Config, index: int, nodeset: NodeSet, munge_key: bytes | None
         for option, attr in (("ib_vendor", "VENDOR"), ("ib_device", "DEVICE")):
             if opts.hex4(option):
                 ib.append((attr, opts.hex4(option)))
-        ib.append(_by_name_or_id("NETWORK", ib_network))
-        lines += ["# InfiniBand: an SR-IOV virtual function as a PCI NIC", _vector("PCI", ib)]
-    lines.append(_vector("NIC", [_by_name_or_id("NETWORK", network)]))
+        note, member = _reference(NETWORK, "ib_network", ib_network, refs)
+        lines += ["# InfiniBand: an SR-IOV virtual function as a PCI NIC", *note, _vector("PCI", [*ib, member])]
+    note, member = _reference(NETWORK, "network", network, refs)
+    lines += [*note, _vector("NIC", [member])]
     image = opts.text("image")
     if image:
-        lines.append(_vector("DISK", [_by_name_or_id("IMAGE", image)]))
+        note, member = _reference(IMAGE, "image", image, refs)
+        lines += [*note, _vector("DISK", [member])]
     else:
         lines.append("# No `image` in the node set: add the worker image, e.g. DISK = [ IMAGE = \"...\" ]")
     context: list[tuple[str, object]] = [

@@ -3,7 +3,9 @@
 A `Backend` gives the endpoint, the session, a pyone client and the few things a test needs that each side
 offers differently: making boots fail or phases slow (the real dummy driver reads DIR/dummy_actions/<action>,
 the simulator has faults and durations), the VM's OneGate token (oned keeps var/vms/<id>/token.txt, the
-simulator keeps it in memory), a second user (one.user.allocate on oned, add_vm(uid=...) in the simulator).
+simulator keeps it in memory), a second user (one.user.allocate on oned, add_vm(uid=...) in the simulator), an
+image (one.image.allocate in the dummy datastore, the handle's add_image). On a real oned the tests act as the
+unprivileged user the docs make (`auth`) and oneadmin (`admin`) does what only an administrator may.
 `clean()` puts the cloud back as the test found it: every VM made since `mark()` DONE, every GPU free.
 """
 
@@ -64,7 +66,7 @@ class Backend:
 
     name: str  # "sim", "oned-7.0.2", "oned-7.4.0"
     endpoint: str
-    auth: str
+    auth: str  # the session the tests act as
     onegate: str  # OneGate's base URL (PUT {onegate}/vm)
     gpu_template: int
     cpu_template: int
@@ -74,6 +76,7 @@ class Backend:
     _users: list[int] = field(default_factory=list)
     _undo: list[Callable[[], object]] = field(default_factory=list)
     _quota_user: tuple[int, str] | None = None
+    admin: str = ""  # oneadmin's session (users, quotas, hosts, chmod), "" for `auth`
 
     @property
     def one(self) -> pyone.OneServer:
@@ -91,10 +94,27 @@ class Backend:
         answer: list[Any] = getattr(proxy, method)(session or self.auth, *args)
         return answer
 
-    def pool_text(self, who: int = -3, state: int = -1, extended: bool = True) -> str:
+    def as_admin(self, method: str, *args: Any) -> list[Any]:
+        """The raw answer of `method` called as oneadmin."""
+        return self.raw(method, *args, session=self.admin or self.auth)
+
+    def uid(self) -> int:
+        """The id of the user the tests act as (one.user.info -1)."""
+        ok, body, *_ = self.raw("one.user.info", -1)
+        assert ok, body
+        return int(ET.fromstring(body).findtext("ID") or -1)
+
+    def administrator(self) -> bool:
+        """The tests' user is oneadmin or of its group (RequestAttributes::is_admin: every object is its)."""
+        ok, body, *_ = self.raw("one.user.info", -1)
+        assert ok, body
+        user = ET.fromstring(body)
+        return user.findtext("ID") == "0" or "0" in [g.text for g in user.iterfind("GROUPS/ID")]
+
+    def pool_text(self, who: int = -3, state: int = -1, extended: bool = True, session: str | None = None) -> str:
         """one.vmpool.infoextended (or .info) text, as the product reads it."""
         method = "one.vmpool.infoextended" if extended else "one.vmpool.info"
-        ok, body, *_ = self.raw(method, who, -1, -1, state)
+        ok, body, *_ = self.raw(method, who, -1, -1, state, session=session)
         assert ok, body
         return str(body)
 
@@ -140,7 +160,7 @@ class Backend:
     # ---- hosts -------------------------------------------------------------------------------------
     def gpus(self) -> dict[tuple[str, str], int]:
         """Every GPU (PCI class 03xx) of the host pool: (host name, SHORT_ADDRESS) -> VMID (-1 free)."""
-        ok, body, *_ = self.raw("one.hostpool.info")
+        ok, body, *_ = self.as_admin("one.hostpool.info")
         assert ok, body
         out = {}
         for host in ET.fromstring(body).iterfind("HOST"):
@@ -248,11 +268,11 @@ class Backend:
         """A second user (by default of group oneadmin, so it may use the templates and the network), with a VM quota
         template such as `VM = [ RUNNING_VMS = "0" ]`: (uid, session). Real oned only; clean() deletes it."""
         password = "Contract-Pass-1"
-        ok, uid, *rest = self.raw("one.user.allocate", name, password, "core", groups or [0])
+        ok, uid, *rest = self.as_admin("one.user.allocate", name, password, "core", groups or [0])
         assert ok, (uid, rest)
         self._users.append(int(uid))
         if quota:
-            ok, msg, *_ = self.raw("one.user.quota", int(uid), quota)
+            ok, msg, *_ = self.as_admin("one.user.quota", int(uid), quota)
             assert ok, msg
         return int(uid), f"{name}:{password}"
 
@@ -267,13 +287,13 @@ class Backend:
             uid, session = self.other_user("contract-plain", groups=[1])
             for method, oid in (("one.template.chmod", self.gpu_template), ("one.template.chmod", self.cpu_template),
                                 ("one.vn.chmod", 0)):
-                assert self.raw(method, oid, -1, -1, -1, -1, -1, -1, 1, -1, -1)[0]  # others may use it
-                self.cleanup(lambda m=method, o=oid: self.raw(m, o, -1, -1, -1, -1, -1, -1, 0, -1, -1))
-            ok, body, *_ = self.raw("one.group.info", 1)
+                assert self.as_admin(method, oid, -1, -1, -1, -1, -1, -1, 1, -1, -1)[0]  # others may use it
+                self.cleanup(lambda m=method, o=oid: self.as_admin(m, o, -1, -1, -1, -1, -1, -1, 0, -1, -1))
+            ok, body, *_ = self.as_admin("one.group.info", 1)
             assert ok, body
             found = ET.fromstring(body).find("TEMPLATE")
             before = ET.tostring(found if found is not None else ET.Element("TEMPLATE"), encoding="unicode")
-            self.cleanup(lambda: self.raw("one.group.update", 1, before, 0))
+            self.cleanup(lambda: self.as_admin("one.group.update", 1, before, 0))
             yield (dataclasses.replace(self, name=f"{self.name} (user {uid})", auth=session),
                    lambda text: self._ok("one.user.update", uid, text, 1),
                    lambda text: self._ok("one.group.update", 1, text, 1))
@@ -293,14 +313,14 @@ class Backend:
         self._ok("one.host.status", host, 0)
         deadline = time.monotonic() + WAIT
         while True:
-            found = ET.fromstring(self.raw("one.host.info", host)[1])
+            found = ET.fromstring(self.as_admin("one.host.info", host)[1])
             if found.findtext("STATE") == "2" and int(found.findtext("HOST_SHARE/MAX_CPU") or 0) > 0:
                 return
             assert time.monotonic() < deadline, f"{self.name}: host {host} not MONITORED again after {WAIT} s"
             time.sleep(0.2)
 
     def _ok(self, method: str, *args: Any) -> None:
-        ok, answer, *_ = self.raw(method, *args)
+        ok, answer, *_ = self.as_admin(method, *args)
         assert ok, answer
 
     def quota_session(self, limit: str | None = 'VM = [ VMS = "0", RUNNING_VMS = "0" ]') -> str:
@@ -314,23 +334,36 @@ class Backend:
             self._quota_user = self.other_user("contract-quota")
         uid, session = self._quota_user
         if limit is not None:
-            ok, msg, *_ = self.raw("one.user.quota", uid, limit)
+            ok, msg, *_ = self.as_admin("one.user.quota", uid, limit)
             assert ok, msg
         return session
 
-    def image(self, name: str) -> None:
-        """A READY image `name` in the dummy image datastore (1); the simulator has no images (DISK is kept as
-        given, never looked up)."""
+    def image(self, name: str, admin: bool = False, shared: bool = False) -> int:
+        """A READY image `name` of the tests' user (`admin`: of oneadmin, `shared`: others may USE it, `oneimage
+        chmod`), in the dummy image datastore (1) on oned, from the handle in the simulator; its id."""
         if self.sim is not None:
-            return
+            uid = 0 if admin else self.sim.api.user.uid
+            return self.sim.add_image(name, uid=uid, other_use=shared)
+        session = self.admin if admin and self.admin else self.auth
         ok, image_id, *rest = self.raw("one.image.allocate", f'NAME = "{name}"\nPATH = "/dev/null"\nSIZE = "1"', 1,
-                                       False)
+                                       False, session=session)
         assert ok, (image_id, rest)
-        self.cleanup(lambda: self.raw("one.image.delete", image_id, False))
+        self.cleanup(lambda: self.raw("one.image.delete", image_id, False, session=session))
         deadline = time.monotonic() + WAIT
-        while (state := ET.fromstring(self.raw("one.image.info", image_id)[1]).findtext("STATE")) != "1":
+        while (state := ET.fromstring(self.raw("one.image.info", image_id, session=session)[1]).findtext(
+                "STATE")) != "1":
             assert time.monotonic() < deadline, f"image {image_id} not READY: STATE {state}"
             time.sleep(0.2)
+        if shared:
+            self.share_image(int(image_id))
+        return int(image_id)
+
+    def share_image(self, image_id: int) -> None:
+        """Others may USE the image (`oneimage chmod`, OTHER_U), as oneadmin does it."""
+        if self.sim is not None:
+            self.sim.set_use("image", image_id, other_use=True)
+            return
+        assert self.as_admin("one.image.chmod", image_id, -1, -1, -1, -1, -1, -1, 1, -1, -1)[0]
 
     def cleanup(self, undo: Callable[[], object]) -> None:
         """Run `undo` in clean(), after the VMs are gone (templates, images)."""
@@ -342,14 +375,14 @@ class Backend:
             return self.sim.add_vm(name="foreign", state="RUNNING", uid=7, template_id=self.cpu_template)
         uid, _ = self.other_user("contract-foreign", groups=[1])
         vm_id = self.running(self.cpu_template, name="foreign")
-        ok, msg, *_ = self.raw("one.vm.chown", vm_id, uid, 1)
+        ok, msg, *_ = self.as_admin("one.vm.chown", vm_id, uid, 1)
         assert ok, msg
         return vm_id
 
     # ---- cleanliness -------------------------------------------------------------------------------
     def mark(self) -> None:
         """Remember the newest VM id: clean() removes every VM newer than this."""
-        ids = [int(e.findtext("ID") or -1) for e in ET.fromstring(self.pool_text(-2, -2, False))]
+        ids = [int(e.findtext("ID") or -1) for e in ET.fromstring(self.pool_text(-2, -2, False, self.admin or None))]
         self._mark = max(ids, default=-1)
 
     def clean(self) -> None:
@@ -363,38 +396,39 @@ class Backend:
             self.sim.set_durations(prolog=0, boot=0, shutdown=0, epilog=0)
         deadline = time.monotonic() + WAIT
         while True:
-            live = [int(e.findtext("ID") or -1) for e in ET.fromstring(self.pool_text(-2, -1, False))]
+            text = self.pool_text(-2, -1, False, self.admin or None)  # every user's, the tests' others too
+            live = [int(e.findtext("ID") or -1) for e in ET.fromstring(text)]
             live = [i for i in live if i > self._mark]
             if not live:
                 break
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name}: VMs {live} not DONE after {WAIT} s")
             for vm_id in live:
-                vm = self.vm(vm_id)
+                vm = pyone.OneServer(self.endpoint, session=self.admin or self.auth).vm.info(vm_id)
                 if vm.STATE == ACTIVE and vm.LCM_STATE in FAILURE_LCM:
-                    self.raw("one.vm.recover", vm_id, 3)
+                    self.as_admin("one.vm.recover", vm_id, 3)
                 elif vm.STATE != DONE:
-                    self.action("terminate-hard", vm_id)  # refused in BOOT and the like: tried again
+                    self.as_admin("one.vm.action", "terminate-hard", vm_id)  # refused in BOOT and the like: again
             time.sleep(0.2)
         self.wait_gpus_free()
         while self._undo:
             self._undo.pop()()
         for uid in self._users:
-            self.raw("one.user.delete", uid)
+            self.as_admin("one.user.delete", uid)
         self._users.clear()
         self._quota_user = None
 
 
 def sim_backend(sim: Simulator) -> Backend:
     """The simulator as a back end."""
-    return Backend("sim", sim.endpoint, sim.auth, sim.endpoint.removesuffix("/RPC2"), 0, 1, sim=sim)
+    return Backend("sim", sim.endpoint, sim.auth, sim.endpoint.removesuffix("/RPC2"), 0, 1, sim=sim, admin=sim.auth)
 
 
 def oned_backend(oned: RealOned) -> Backend:
-    """A real oned as a back end (its templates looked up by name)."""
+    """A real oned as a back end, acting as its unprivileged user (its templates looked up by name)."""
     proxy = xmlrpc.client.ServerProxy(oned.endpoint)
     ok, body, *_ = proxy.one.templatepool.info(oned.auth, -2, -1, -1)
     assert ok, body
     ids = {t.findtext("NAME"): int(t.findtext("ID") or -1) for t in ET.fromstring(body).iterfind("VMTEMPLATE")}
     return Backend(f"oned-{oned.version}", oned.endpoint, oned.auth, oned.onegate,
-                   ids["slurm-gpu-worker"], ids["slurm-cpu-worker"], oned=oned)
+                   ids["slurm-gpu-worker"], ids["slurm-cpu-worker"], oned=oned, admin=getattr(oned, "admin", ""))

@@ -9,6 +9,7 @@ GPU is free again, because the real instance is shared by the whole session.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -16,7 +17,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyone
 import pytest
 from contract_support import GPUS, SIM_CONFIG, Backend, oned_backend, sim_backend, state_str
 from onedfix import VERSIONS, OnedUnavailable, shared
@@ -26,18 +26,22 @@ from support import make_setup
 from opennebula_sim import running_simulator
 from slurm_nebula_power.cli import template as template_cmd
 from slurm_nebula_power.cloud import OneCloud, stale_update
-from slurm_nebula_power.config import OneConfig
-from slurm_nebula_power.errors import EXIT_OK, QuotaExceeded
+from slurm_nebula_power.config import OneConfig, load_config
+from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_OK, QuotaExceeded
+from slurm_nebula_power.findings import Report
 from slurm_nebula_power.hosts import hosts_from_xml, vm_needs_from_xml
 from slurm_nebula_power.model import vms_from_xml
 from slurm_nebula_power.onerpc import translate
+from slurm_nebula_power.operation import cloud_reason
+from slurm_nebula_power.owned import IMAGE, NETWORK, Owned, owned_from_xml
 from slurm_nebula_power.placement import deploy_level
 from slurm_nebula_power.plan import extra_template
+from slurm_nebula_power.templateuse import check_template_use
 
 BACKENDS = [pytest.param("sim", id="sim"),
             *(pytest.param(v, id=f"oned-{v}", marks=pytest.mark.xdist_group(f"oned-{v}")) for v in VERSIONS)]
 REFUSED = 0x800
-AUTHORIZATION, NO_EXISTS = 0x200, 0x400
+AUTHORIZATION, NO_EXISTS, ALLOCATE = 0x200, 0x400, 0x4000
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -157,15 +161,23 @@ def test_failed_boot_is_boot_failure_and_recover_delete_ends_it(backend: Backend
     [parsed] = vms_from_xml(backend.pool_text())
     assert parsed.failed and not parsed.running
     assert vm_id in backend.gpus().values()  # a failed VM keeps its host share until it is cleaned up
-    assert backend.raw("one.vm.recover", vm_id, 3)[:2] == [True, vm_id]
+    assert backend.as_admin("one.vm.recover", vm_id, 3)[:2] == [True, vm_id]  # ADMIN_OPERATIONS, see RECOVER
     vm, _ = backend.wait(vm_id, "DONE")
     assert (vm.STATE, vm.LCM_STATE) == (6, 0)
     assert vm_id not in backend.gpus().values()
 
 
+# recover is an ADMIN operation in oned.conf's stock VM_ADMIN_OPERATIONS: a plain user's is refused (below); the
+# tests of what it does call it as oneadmin.
+RECOVER_REFUSED = "[one.vm.recover] User [{uid}] : Not authorized to perform ADMIN VM [{vm}]."
+
+
 def test_recover_delete_of_a_running_vm(backend: Backend) -> None:
     vm_id = backend.running(name="gone")
-    assert backend.raw("one.vm.recover", vm_id, 3)[:2] == [True, vm_id]
+    if not backend.administrator():
+        assert backend.raw("one.vm.recover", vm_id, 3)[:3] == [
+            False, RECOVER_REFUSED.format(uid=backend.uid(), vm=vm_id), AUTHORIZATION]
+    assert backend.as_admin("one.vm.recover", vm_id, 3)[:2] == [True, vm_id]
     backend.wait(vm_id, "DONE")
     assert vm_id not in backend.gpus().values()
 
@@ -213,7 +225,7 @@ def test_a_booting_vm_refuses_terminate_and_recover_delete_drops_it(backend: Bac
             assert answer == [False, f"[one.vm.action] Error performing action \"{action}\": Could not "
                                      f"terminate VM {vm_id}, wrong state BOOT_POWEROFF.", REFUSED, -1, -1], answer
         assert refused(backend.action("poweroff", vm_id), "poweroff", "BOOT_POWEROFF")
-        assert backend.raw("one.vm.recover", vm_id, 3)[:2] == [True, vm_id]
+        assert backend.as_admin("one.vm.recover", vm_id, 3)[:2] == [True, vm_id]  # ADMIN_OPERATIONS
         vm, seen = backend.wait(vm_id, "DONE")
     print(f"{backend.name}: recover --delete in BOOT_POWEROFF passes {seen}")
     assert (vm.STATE, vm.LCM_STATE) == (6, 0)
@@ -358,7 +370,7 @@ def test_undeploy_gives_the_gpu_to_a_pending_vm(backend: Backend) -> None:
 
 
 def host_ids(backend: Backend) -> list[int]:
-    ok, body, *_ = backend.raw("one.hostpool.info")
+    ok, body, *_ = backend.as_admin("one.hostpool.info")  # every host, whatever the user's ACLs show it
     assert ok, body
     return sorted(h.id for h in hosts_from_xml(body))
 
@@ -450,7 +462,7 @@ def test_a_disabled_host_is_deployed_to_an_offline_one_refused(backend: Backend,
                                                                accepted: bool) -> None:
     """oned only refuses an OFFLINE host: a host disabled after a client read the pool still gets its VM."""
     host = host_ids(backend)[3]
-    assert backend.raw("one.host.status", host, status)[0] is True
+    assert backend.as_admin("one.host.status", host, status)[0] is True
     backend.cleanup(lambda: backend.enable_host(host))
     vm_id = backend.instantiate(name="onto", hold=True)
     answer = deploy(backend, vm_id, host)
@@ -666,7 +678,8 @@ def test_pool_filter_flags_and_states(backend: Backend) -> None:
         return {vm.id for vm in vms_from_xml(backend.pool_text(who, state))} & {mine, theirs, done}
 
     assert ids(-3, -1) == {mine}  # my VMs, not DONE
-    assert ids(-2, -1) == {mine, theirs}  # everyone's
+    # everyone's that the user may use: an administrator's every VM, a plain user's own (theirs is not shared)
+    assert ids(-2, -1) == ({mine, theirs} if backend.administrator() else {mine})
     assert ids(-1, -1) == {mine}  # mine and my group's (the other VM is in group users)
     assert ids(-3, -2) == {mine, done}  # DONE included
     assert ids(-2, 6) == {done}  # an exact state
@@ -748,18 +761,18 @@ def test_instantiate_over_the_vm_quota_is_authorization_512(backend: Backend) ->
 
 def test_resume_over_the_running_vms_quota_is_action_2048(backend: Backend) -> None:
     session = backend.quota_session(limit=None)  # no limit yet
-    one = backend.one if backend.is_sim else pyone.OneServer(backend.endpoint, session=session)
-    vm_id = int(one.template.instantiate(backend.cpu_template, "resumer", False, "", False))
-    backend.wait(vm_id, "RUNNING")
-    backend.action("poweroff", vm_id)
-    backend.wait(vm_id, "POWEROFF")
+    quota = dataclasses.replace(backend, auth=session)  # that user's VM, seen and acted on as that user
+    vm_id = quota.instantiate(backend.cpu_template, name="resumer")
+    quota.wait(vm_id, "RUNNING")
+    quota.action("poweroff", vm_id)
+    quota.wait(vm_id, "POWEROFF")
     backend.quota_session(limit='VM = [ RUNNING_VMS = "0" ]')  # now over it
     answer = backend.raw("one.vm.action", "resume", vm_id, session=session)
     print(f"{backend.name}: resume over quota -> {answer[:3]}")
     assert answer[0] is False and answer[2] == REFUSED, answer
     assert re.fullmatch(r"\[one\.vm\.action\] user \[\d+\] limit of \d+ reached for RUNNING_VMS quota in VM", answer[1])
     assert isinstance(translate(answer[1], answer[2]), QuotaExceeded)  # not an ordinary refused action
-    assert state_str(backend.vm(vm_id)) == "POWEROFF"
+    assert state_str(quota.vm(vm_id)) == "POWEROFF"
 
 
 # ---- the product's own template ------------------------------------------------------------------------
@@ -784,9 +797,12 @@ def test_the_template_command_output_is_allocated_and_runs(backend: Backend, tmp
     key.write_bytes(bytes(range(64)))
     key.chmod(0o400)
     setup = make_setup(tmp_path / "site", backend.endpoint, backend.auth, nodesets=NODESET.format(key=key))
-    assert template_cmd.main([], setup.env) == EXIT_OK
+    assert template_cmd.main([], setup.env) == EXIT_CONFIG  # no image of that name yet: refused, naming it
+    assert 'nodeset[0].image: user ' in capsys.readouterr().err
+    image = backend.image("contract-image")  # the user's own, READY (the dummy datastore's)
+    assert template_cmd.main([], setup.env) == EXIT_OK  # the names, looked up as the user sees them, by id
     text = capsys.readouterr().out
-    backend.image("contract-image")  # the DISK's IMAGE must exist and be READY (the dummy datastore's)
+    assert f'DISK = [ IMAGE_ID = "{image}" ]' in text and 'NIC = [ NETWORK_ID = "' in text
     ok, tid, *rest = backend.raw("one.template.allocate", text)
     assert ok, (tid, rest)
     backend.cleanup(lambda: backend.raw("one.template.delete", tid, False))
@@ -799,10 +815,110 @@ def test_the_template_command_output_is_allocated_and_runs(backend: Backend, tmp
     assert vm_id in backend.gpus().values()
 
 
+# ---- names in a template: a network or an image is looked up among one owner's (issue 32) --------------------
+
+NAMED = 'NAME = "{name}"\nCPU = "0.05"\nVCPU = "1"\nMEMORY = "64"\n{lines}\n'
+BY_OWNER = 'NIC = [ NETWORK = "slurm-net", NETWORK_UNAME = "oneadmin" ]'
+ALLOCATING = "[one.template.instantiate] Error allocating a new virtual machine template. "
+
+
+def _template(backend: Backend, name: str, lines: str) -> int:
+    """A template of the tests' user with these NIC and DISK lines, deleted by clean()."""
+    ok, template_id, *rest = backend.raw("one.template.allocate", NAMED.format(name=name, lines=lines))
+    assert ok, (template_id, rest)
+    backend.cleanup(lambda: backend.raw("one.template.delete", template_id, False))
+    return int(template_id)
+
+
+def _owned(backend: Backend, method: str, who: int = -2) -> dict[str, Owned]:
+    """one.vnpool.info or one.imagepool.info as the tests' user sees it, read by the product's parser."""
+    ok, body, *_ = backend.raw(method, who, -1, -1)
+    assert ok, body
+    return {o.name: o for o in owned_from_xml(str(body), NETWORK if method == "one.vnpool.info" else IMAGE)}
+
+
+def test_vnpool_lists_the_networks_a_plain_user_may_use_with_their_owner(backend: Backend) -> None:
+    with backend.plain_user() as (plain, _, _):
+        net = _owned(plain, "one.vnpool.info")["slurm-net"]
+        assert (net.uid, net.uname) == (0, "oneadmin")
+        assert _owned(plain, "one.vnpool.info", -3) == {}, "none is its own"
+        cloud = OneCloud(OneConfig(endpoint=plain.endpoint, auth_file=Path("/dev/null"), session=plain.auth))
+        assert net in cloud.networks()  # what template and check read
+
+
+def test_a_nic_network_by_name_is_looked_up_among_the_instantiating_users_own(backend: Backend) -> None:
+    # issue 32: `template` wrote NIC = [ NETWORK = "slurm-net" ] and every resume of the Slurm user failed
+    with backend.plain_user() as (plain, _, _):
+        uid, net = plain.uid(), _owned(plain, "one.vnpool.info")["slurm-net"]
+        template_id = _template(plain, "contract-by-name", 'NIC = [ NETWORK = "slurm-net" ]')
+        answer = plain.raw("one.template.instantiate", template_id, "by-name", True, "", False)
+        print(f"{backend.name}: NIC by name of another owner -> {answer[:3]}")
+        assert answer[:3] == [False, f"{ALLOCATING}User {uid} does not own a network with name: slurm-net . Set "
+                              "NETWORK_UNAME or NETWORK_UID of owner in NIC.", ALLOCATE]
+        assert cloud_reason(translate(answer[1], answer[2])) == (
+            f"OpenNebula: template NIC: network slurm-net not owned by user {uid}; set NETWORK_UNAME or use "
+            "NETWORK_ID (check says how)")
+        missing = plain.raw("one.template.instantiate", template_id, "no-id", True, 'NIC = [ NETWORK_ID = "9999" ]',
+                            False)
+        assert missing[:3] == [False, f"{ALLOCATING}Virtual network with ID: 9999 does not exist", ALLOCATE]
+        for nic in ('NETWORK = "slurm-net", NETWORK_UNAME = "oneadmin"', f'NETWORK_ID = "{net.id}"'):
+            vm_id = plain.instantiate(template_id, name="resolved", hold=True, extra=f"NIC = [ {nic} ]")
+            resolved = plain.vm(vm_id).TEMPLATE["NIC"]
+            print(f"{backend.name}: NIC {nic} -> {dict(resolved)}")
+            assert (str(resolved["NETWORK_ID"]), resolved["NETWORK"]) == (str(net.id), "slurm-net")
+            assert resolved.get("NETWORK_UNAME") == ("oneadmin" if "UNAME" in nic else None), "kept as given only"
+
+
+def test_a_disk_image_by_name_is_looked_up_among_the_users_own_and_needs_use(backend: Backend) -> None:
+    with backend.plain_user() as (plain, _, _):
+        uid = plain.uid()
+        image_id = plain.image("contract-oneadmins", admin=True)  # oneadmin's, not shared (umask 177)
+        assert "contract-oneadmins" not in _owned(plain, "one.imagepool.info")
+        template_id = _template(plain, "contract-disk", f'{BY_OWNER}\nDISK = [ IMAGE = "contract-oneadmins" ]')
+        answer = plain.raw("one.template.instantiate", template_id, "disk", True, "", False)
+        print(f"{backend.name}: DISK by name of another owner -> {answer[:3]}")
+        assert answer[:3] == [False, f"{ALLOCATING}DISK 0: User {uid} does not own an image with name: "
+                              "contract-oneadmins . Set IMAGE_UNAME or IMAGE_UID of owner in DISK.", ALLOCATE]
+        owner = 'DISK = [ IMAGE = "contract-oneadmins", IMAGE_UNAME = "oneadmin" ]'
+        refused = f"User [{uid}] : Not authorized to perform USE IMAGE [{image_id}]."
+        answer = plain.raw("one.template.instantiate", template_id, "disk", True, owner, False)
+        assert answer[:3] == [False, f"[one.template.instantiate] {refused}", AUTHORIZATION], answer
+        assert plain.raw("one.image.info", image_id)[:3] == [False, f"[one.image.info] {refused}", AUTHORIZATION]
+        missing = plain.raw("one.template.instantiate", template_id, "disk", True, 'DISK = [ IMAGE_ID = "99999" ]',
+                            False)
+        assert missing[:3] == [False, f"{ALLOCATING}DISK 0: Image with ID: 99999 does not exist", ALLOCATE]
+        plain.share_image(image_id)  # `oneimage chmod`: others may use it
+        assert _owned(plain, "one.imagepool.info")["contract-oneadmins"] == Owned(image_id, "contract-oneadmins", 0,
+                                                                                  "oneadmin")
+        vm_id = plain.instantiate(template_id, name="disk", hold=True, extra=owner)
+        assert state_str(plain.vm(vm_id)) == "HOLD"
+
+
+def test_check_proves_a_template_as_a_plain_user_and_its_probe_leaves_nothing(backend: Backend, tmp_path) -> None:
+    with backend.plain_user() as (plain, _, _):
+        good = _template(plain, "contract-good", BY_OWNER)
+        bad = _template(plain, "contract-bad", 'NIC = [ NETWORK = "slurm-net" ]')
+        setup = make_setup(tmp_path / "site", plain.endpoint, plain.auth, nodesets=(
+            f'[[nodeset]]\nnodes = "g[01-02]"\ntemplate = {good}\n\n[[nodeset]]\nnodes = "b[01-02]"\n'
+            f"template = {bad}\n"))
+        config = load_config(setup.config, setup.env)
+        report = Report()
+        cloud = OneCloud(config.opennebula, retry_seconds=0)
+        check_template_use(report, config, cloud, instantiate=True)
+        said = {(f.level, f.subject): f.text for f in report.findings}
+        print(f"{backend.name}: {said}")
+        assert ("ok", f"node set g[01-02] template {good} instantiate") in said
+        assert ("problem", f"node set b[01-02] template {bad} NIC 0") in said
+        assert "does not own a network with name: slurm-net" in said[("problem", f"node set b[01-02] template {bad} "
+                                                                      "instantiate")]
+        probes = [vm for vm in vms_from_xml(plain.pool_text(-3, -2)) if vm.name.startswith("slurm-nebula-power check")]
+        assert len(probes) == 1 and probes[0].state == 6, "the one VM oned made, DONE at once"
+
+
 # ---- hosts: attributes, SCHED_REQUIREMENTS, disable and offline (issue 26) -----------------------------------
 
 def _hosts(backend: Backend) -> dict[str, ET.Element]:
-    ok, body, *_ = backend.raw("one.hostpool.info")
+    ok, body, *_ = backend.as_admin("one.hostpool.info")
     assert ok, body
     return {h.findtext("NAME") or "": h for h in ET.fromstring(body).iterfind("HOST")}
 
@@ -818,8 +934,8 @@ def test_a_host_attribute_set_by_update_places_vms_through_sched_requirements(ba
     hosts = _hosts(backend)
     name = sorted(hosts)[-1]
     host_id = int(hosts[name].findtext("ID") or -1)
-    ok, answer, *_ = backend.raw("one.host.update", host_id, 'CONTRACT_DOMAIN = "nvl-x"', 1)  # onehost update --append
-    backend.cleanup(lambda: backend.raw("one.host.update", host_id, 'CONTRACT_DOMAIN = ""', 1))
+    ok, answer, *_ = backend.as_admin("one.host.update", host_id, 'CONTRACT_DOMAIN = "nvl-x"', 1)  # --append
+    backend.cleanup(lambda: backend.as_admin("one.host.update", host_id, 'CONTRACT_DOMAIN = ""', 1))
     assert ok and answer == host_id
     assert _hosts(backend)[name].findtext("TEMPLATE/CONTRACT_DOMAIN") == "nvl-x"
     assert _hosts(backend)[name].findtext("TEMPLATE/HOSTNAME"), "merged: the monitor's attributes kept"
@@ -844,8 +960,8 @@ def test_a_disabled_or_offline_host_keeps_its_vm_and_takes_no_new_one(backend: B
     hosts = _hosts(backend)
     host_id = int(hosts[vm.host].findtext("ID") or -1)
     backend.cleanup(lambda: _wait_monitored(backend))
-    backend.cleanup(lambda: backend.raw("one.host.status", host_id, 0))  # onehost enable
-    ok, answer, *_ = backend.raw("one.host.status", host_id, status)  # onehost disable / offline
+    backend.cleanup(lambda: backend.as_admin("one.host.status", host_id, 0))  # onehost enable
+    ok, answer, *_ = backend.as_admin("one.host.status", host_id, status)  # onehost disable / offline
     assert ok and answer == host_id
     assert _hosts(backend)[vm.host].findtext("STATE") == state
     time.sleep(6)  # a monitoring pass and a scheduler retry
@@ -853,5 +969,5 @@ def test_a_disabled_or_offline_host_keeps_its_vm_and_takes_no_new_one(backend: B
     assert [v.host for v in vms_from_xml(backend.pool_text()) if v.id == vm_id] == [vm.host]
     others = [backend.running(name=f"new{i}") for i in range(3)]  # the 3 other hosts' GPUs
     assert vm.host not in {v.host for v in vms_from_xml(backend.pool_text()) if v.id in others}
-    ok, answer, code, *_ = backend.raw("one.host.status", host_id, 7)
+    ok, answer, code, *_ = backend.as_admin("one.host.status", host_id, 7)
     assert not ok and "Wrong status code" in answer and code == 0x2000  # INTERNAL, as RequestManagerHost.cc

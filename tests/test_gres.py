@@ -98,7 +98,8 @@ def test_gres_conf_of_an_unreadable_template_comes_from_the_node_set_options(gpu
     site = make_setup(tmp_path / "site", gpu_sim.endpoint, AUTH, nodesets=(
         '[[nodeset]]\nnodes = "gpu[01-04]"\ntemplate = "missing"\nvcpu = 16\nmemory_mb = 100000\ngpus = 4\n'
         'gpu_type = "l40s"\n'))
-    out = printed(capsys, site, "--gres-conf")
+    assert slurmconf.main(["--gres-conf"], site.env) == 3  # still an error: resume could not use it (issue 32)
+    out = capsys.readouterr().out.splitlines()
     assert "NodeName=gpu[01-04] AutoDetect=off Name=gpu Type=l40s Count=4 File=/dev/nvidia[0-3]" in out
     assert any("template unreadable" in line for line in out if line.startswith("#"))
 

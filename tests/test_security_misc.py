@@ -12,7 +12,7 @@ import sys
 from hostile import HostileEndpoint
 from reliability_support import run_program, site, tune
 from test_cli import program
-from test_template import GPU_SET
+from test_template import GPU_SET_IDS
 from test_template import site as template_site
 
 from slurm_nebula_power.config import Config, NodeSet
@@ -20,7 +20,7 @@ from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def test_template_refuses_to_write_the_munge_key_to_a_file_others_can_read(tmp_path) -> None:
-    setup = template_site(tmp_path, GPU_SET)
+    setup = template_site(tmp_path, GPU_SET_IDS)  # numeric ids: no OpenNebula needed
     out = tmp_path / "worker.tmpl"
     env = {**os.environ, **setup.env}
     with out.open("w") as handle:  # `template > worker.tmpl` under umask 022

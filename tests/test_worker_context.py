@@ -46,8 +46,8 @@ nodes = "cpu[01-02]"
 template = "slurm-cpu"
 vcpu = 2
 memory_mb = 2048
-network = "slurm-compute"
-image = "debian-12-slurm"
+network = "0"
+image = "0"
 controller = "ctl.example:6817"
 munge_key_file = "{key}"
 """

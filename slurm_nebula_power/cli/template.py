@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from ..config import Config, NodeSet
 from ..errors import EXIT_OK, UsageError
 from ..slurmconf import gres_gpus, read_if_any
-from ..template import gpus_of, pick_nodeset, render
-from .common import make_parser, run_command
+from ..template import gpus_of, named, pick_nodeset, render, resolve_names
+from .common import interactive_cloud, make_parser, run_command
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -22,16 +22,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parser = make_parser(prog, "Print the OpenNebula VM template of a node set, ready for `onetemplate create`: "
                      "CPU, VCPU, MEMORY, the GPU by PCI passthrough, an optional InfiniBand SR-IOV NIC, the "
                      "NIC, the image, and CONTEXT with the controller, the munge key and the worker "
-                     "bootstrap. Values come from the node set's options.")
+                     "bootstrap. Values come from the node set's options; a network or image given by name is "
+                     "looked up in OpenNebula as the configured user sees it and written by id (numeric ids need no "
+                     "OpenNebula).")
     parser.add_argument("--nodeset", metavar="NODES", help="the node set: its nodes expression or some of "
                         "its nodes (needed when there are several node sets)")
     parser.epilog = ("The output holds the munge key, a secret: redirect it to a file of mode 600. "
-                     "exit: 0 printed, 2 no such node set, 3 configuration error")
+                     "exit: 0 printed, 2 no such node set, 3 configuration error (a network or image name the user "
+                     "cannot use, or several of that name, included), 4 OpenNebula could not be asked")
 
     def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         index, nodeset = pick_nodeset(config, args.nodeset)
-        text = render(config, index, nodeset)
+        text = render(config, index, nodeset)  # every option checked before OpenNebula is asked anything
         refuse_readable_output()
+        if named(config, index, nodeset):  # names, as the configured user sees them, written by id
+            refs = resolve_names(config, index, nodeset, interactive_cloud(config))
+            text = render(config, index, nodeset, refs=refs)
         warning = gpu_mismatch(config, index, nodeset)
 
         def show() -> int:
