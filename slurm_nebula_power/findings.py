@@ -9,6 +9,7 @@ import ipaddress
 import os
 import pwd
 import stat
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,7 +20,12 @@ from .model import cell
 from .slurmconf import SlurmConf
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
-FIELD_LENGTH = 1000  # characters of a finding's subject, text or fix shown (ours are a few hundred)
+FIELD_LENGTH = 1000  # characters of a finding's subject, text or fix kept (ours are a few hundred)
+LINE_LENGTH = 200  # characters of a printed line at most: the subject, the text's first clauses, the fix
+SUBJECT_LENGTH = 80  # of them at most for the subject (a path, a hostlist)
+TEXT_LENGTH = 60  # at least for the text: a fix that leaves less goes to a line of its own
+CUT = "..."
+INDENT = " " * 9  # a finding's continued text, under its text (no level word: grep ^problem counts findings)
 R, W, X = os.R_OK, os.W_OK, os.X_OK
 
 
@@ -32,12 +38,50 @@ class Finding:
     text: str
     fix: str = ""
 
-    def line(self) -> str:
-        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`, one line whatever OpenNebula answered:
-        its values (oned's version, a template's CONTEXT, error texts) are escaped and cut, so none can
-        forge an `ok` line or hide a problem."""
+    def lines(self, length: int = LINE_LENGTH) -> list[str]:
+        """`problem  auth file /etc/slurm/one_auth: ... -> fix: ...`, whatever OpenNebula answered: its values
+        (oned's version, a template's CONTEXT, error texts) are escaped, so none can forge an `ok` line or hide
+        a problem. No line is longer than `length`: a longer finding keeps its subject, the start of its text
+        (cut after a clause, marked "...") and its fix if that fits; an ok line ends there (`check --json` has
+        it whole), a warning's or problem's rest and fix follow on indented lines: nothing to act on is lost."""
         subject, text, fix = (cell(part, FIELD_LENGTH) for part in (self.subject, self.text, self.fix))
-        return f"{self.level:<8} {subject}: {text}" + (f" -> fix: {fix}" if fix else "")
+        whole = f"{self.level:<8} {subject}: {text}" + (f" -> fix: {fix}" if fix else "")
+        if len(whole) <= length:
+            return [whole]
+        short_subject = clip(subject, SUBJECT_LENGTH)
+        head = f"{self.level:<8} {short_subject}: "
+        tail = f" -> fix: {fix}" if fix and len(head) + len(" -> fix: ") + len(fix) + TEXT_LENGTH <= length else ""
+        cut = cut_at(text, length - len(head) - len(tail))
+        headline = head + shown(text, cut) + tail
+        if self.level == OK:
+            return [headline]
+        more = [f"subject: {subject}"] if short_subject != subject else []
+        more += [CUT + " " + text[cut:].lstrip(" ;:,")] if cut < len(text) else []
+        more += [f"-> fix: {fix}"] if fix and not tail else []
+        return [headline, *(INDENT + part for said in more
+                            for part in textwrap.wrap(said, length - len(INDENT), break_on_hyphens=False))]
+
+
+def cut_at(text: str, length: int) -> int:
+    """Where to cut text so that what is kept, marked "...", fits in length: all of it when it fits; else
+    after a clause ("; ", ": ", ", ", before " (") in the second half of the room, else a word, else anywhere."""
+    if len(text) <= length:
+        return len(text)
+    room = max(0, length - len(CUT))
+    cut = max(text.rfind(mark, room // 2, room + 1) for mark in ("; ", ": ", ", ", " ("))
+    if cut < 0:
+        cut = text.rfind(" ", room // 2, room + 1)
+    return room if cut < 0 else cut
+
+
+def shown(text: str, cut: int) -> str:
+    """text up to cut, marked "..." when that is not all of it."""
+    return text if cut >= len(text) else text[:cut].rstrip(" ;:,") + CUT
+
+
+def clip(text: str, length: int) -> str:
+    """text in at most length characters, marked "..." when cut."""
+    return shown(text, cut_at(text, length))
 
 
 class Report:
@@ -217,7 +261,8 @@ def check_ownership(report: Report, config: Config, slurm_user: pwd.struct_passw
     owned by one: its owner can write it whatever its mode, and the programs trust its owner's files)."""
     named = [("configuration", config.path, "it names scontrol and prolog_chain, which SlurmUser runs"),
              ("[slurm] scontrol", config.slurm.scontrol, "SlurmUser runs it"),
-             ("[slurm] prolog_chain", config.slurm.prolog_chain, "slurmctld runs it for every job")]
+             ("[slurm] prolog_chain", config.slurm.prolog_chain, "slurmctld runs it for every job"),
+             ("[opennebula] ca_file", config.opennebula.ca_file, "it decides which server gets the session")]
     for what, path, why in named:
         if path is not None and others_can_write(path):
             report.problem(f"{what} {path}", f"writable by other users: {why}",
@@ -258,7 +303,10 @@ def check_transport(report: Report, config: Config) -> None:
                     "use https:// (oned behind a TLS proxy, or FireEdge's), or a loopback endpoint")
     if url.scheme == "https" and not one.https_verify:
         report.warn(f"OpenNebula {one.endpoint}", "https_verify = false: any host that answers for "
-                    f"{host} gets the session", "install the front end's CA and remove https_verify = false")
+                    f"{host} gets the session", "set ca_file to the front end's CA and remove https_verify = false")
+    if url.scheme == "http" and one.ca_file is not None:
+        report.warn(f"OpenNebula {one.endpoint}", f"ca_file {one.ca_file} is set, but the endpoint is plain http: "
+                    "the CA is not used", "use the front end's https:// endpoint, or remove ca_file")
 
 
 def _loopback(host: str) -> bool:

@@ -138,8 +138,10 @@ def test_templates_without_token_need_no_onegate_endpoint(tmp_path, capsys) -> N
      "slurm-nebula-resume -> fix: ResumeProgram=/"),
     ("SuspendProgram=", "SuspendProgram=/nowhere/slurm-nebula-suspend\n#", "slurm.conf SuspendProgram: "
      "/nowhere/slurm-nebula-suspend does not exist or is not executable"),
-    ("NodeName=cpu[01-02] State=CLOUD", "NodeName=cpu[01-02]", "node set cpu[01-02]: cpu[01-02] not "
-     "State=CLOUD in slurm.conf: slurmctld never powers them up or down -> fix: add State=CLOUD"),
+    # a static node inside a node set: taken out of the node set, never made a cloud node
+    ("NodeName=cpu[01-02] State=CLOUD", "NodeName=cpu[01-02]", "node set cpu[01-02]: cpu[01-02] are static nodes "
+     "in slurm.conf (no State=CLOUD): resume refuses them and never makes a VM for them -> fix: take cpu[01-02] "
+     "out of the node set's nodes"),
     ("NodeName=cpu[01-02]", "#", "node set cpu[01-02]: cpu[01-02] not in slurm.conf -> fix: add NodeName "
      "lines with State=CLOUD (slurm-nebula-power slurm-conf prints them)"),
     ("SlurmUser=root", "SlurmUser=root\nNodeName=gpu[05-06] State=CLOUD CPUs=8 RealMemory=1",
@@ -161,8 +163,9 @@ def test_auth_file_readable_by_others_is_found(site, capsys) -> None:
     (site.root / "one_auth").chmod(0o644)
     code, found = problems(site, capsys)
     assert code == EXIT_NODES_FAILED
-    [line] = found
-    assert "one_auth is accessible by group or others (mode 0644); run: chmod 600" in line
+    [line] = found  # its own fix, not "example-config prints an example" (issue 32)
+    assert line.endswith(f"one_auth is accessible by group or others (mode 0644) -> fix: chmod 600 "
+                         f"{site.root / 'one_auth'} and chown it to SlurmUser"), line
 
 
 def test_auth_file_slurm_user_cannot_read_is_found(site, capsys) -> None:
@@ -204,7 +207,8 @@ def test_unreachable_endpoint_is_found(site, capsys) -> None:
 
 @pytest.mark.parametrize(("old", "new", "expected"), [
     ('template = "slurm-gpu-worker"', 'template = "missing"', "node set gpu[01-04] template 'missing': no VM "
-     "template named 'missing' is visible to user oneadmin -> fix: create the template"),
+     "template named 'missing' is visible to user oneadmin -> fix: the template must be one user oneadmin may use: "
+     "if it does not exist, create it as that user: ONE_AUTH="),
     ("gpus = 0\n", "\n", "node set cpu[01-02] template 'slurm-cpu-worker': has no PCI GPU -> fix: add "
      'PCI = [ VENDOR = "10de", CLASS = "0302" ] to the template, or set gpus = 0'),
     ("boot_timeout = 600\n", "boot_timeout = 600\ngpus = 2\n",
@@ -300,12 +304,12 @@ def test_quiet_prints_only_what_is_wrong(site, capsys) -> None:
 
 
 def test_missing_configuration_is_one_problem(tmp_path, capsys) -> None:
-    code = check.main(["--config", str(tmp_path / "none.toml")], {})
-    out = capsys.readouterr().out
+    code = check.main(["--config", str(tmp_path / "none.toml"), "--json"], {})  # whole (a line is cut at 200)
+    out = [f"{f['level']}  {f['subject']}: {f['text']} -> fix: {f['fix']}" for f in json.loads(capsys.readouterr().out)]
     assert code == EXIT_NODES_FAILED
-    assert out.splitlines() == [f"problem  configuration: {tmp_path / 'none.toml'}: no such configuration "
-                                f"file; create it: slurm-nebula-power example-config > {tmp_path / 'none.toml'} "
-                                "-> fix: slurm-nebula-power example-config prints an example to start from"]
+    assert out == [f"problem  configuration: {tmp_path / 'none.toml'}: no such configuration "
+                   f"file; create it: slurm-nebula-power example-config > {tmp_path / 'none.toml'} "
+                   "-> fix: slurm-nebula-power example-config prints an example to start from"]
 
 
 # ---- issue 15: what check says about the path to oned and who can write what ------------------------
@@ -626,7 +630,7 @@ template = "slurm-h100"
 gpus = 1
 vcpu = 8
 memory_mb = 16384
-network = "slurm-net"
+network = "0"
 controller = "ctl.example:6817"
 munge_key_file = "{key}"
 """
@@ -769,6 +773,26 @@ def test_the_deploy_right_and_what_to_grant_for_direct_placement(tmp_path, capsy
             'placement = "direct"')
 
 
+def test_the_recover_right_a_plain_user_lacks_and_what_to_grant(tmp_path, capsys) -> None:
+    # recover --delete removes a VM stuck in a transient state; oned.conf ships it at ADMIN (real oned refuses
+    # it to its owner: the contract suite's admin session runs it)
+    plain = "slurm:Plain-pass-1"
+    with running_simulator(fast_config(), auth=plain) as sim:
+        site = make_setup(tmp_path / "site", sim.endpoint, plain, nodesets=NODESETS)
+        _, found = findings(site, capsys)
+        [right] = [f for f in found if f["subject"] == "OpenNebula user slurm recover right"]
+        assert right["level"] == "warning" and "left for an administrator, its GPU held" in right["text"]
+        assert 'put VM_MANAGE_OPERATIONS = "recover" in user slurm\'s template' in right["fix"]
+        sim.set_user_template(VM_MANAGE_OPERATIONS="deploy")
+        _, found = findings(site, capsys)
+        [right] = [f for f in found if f["subject"] == "OpenNebula user slurm recover right"]
+        assert 'VM_MANAGE_OPERATIONS = "deploy, recover"' in right["fix"], "the list it has, kept"
+        sim.set_user_template(VM_MANAGE_OPERATIONS="recover, deploy")  # docs/installation.md's line
+        _, found = findings(site, capsys)
+        [right] = [f for f in found if f["subject"] == "OpenNebula user slurm recover right"]
+        assert right["level"] == "ok"
+
+
 def test_an_administrator_may_deploy_and_the_scheduler_needs_no_grant(site, capsys) -> None:
     _, found = findings(site, capsys)
     [right] = [f for f in found if f["subject"] == "OpenNebula user oneadmin deploy right"]
@@ -823,3 +847,25 @@ def test_check_says_slurmuser_cannot_run_a_program_exactly_when_the_kernel_refus
         assert bool(said) == (not runs), (layout, said)
     finally:
         shutil.rmtree(public, ignore_errors=True)
+
+
+def test_no_line_of_check_is_longer_than_200_characters_and_nothing_to_act_on_is_lost(sim, tmp_path) -> None:
+    # issue 32: lines ran to ~600 characters (max_pending's, the burst warning's); a configuration that makes
+    # the long ones: max_pending and max_parallel above oned's stock, a boot_timeout shorter than a burst
+    site = good_site(sim, tmp_path / "site", NODESETS + "boot_timeout = 10\n")
+    edit(site.config, "max_parallel = 8\n", "max_parallel = 16\nmax_pending = 64\n")
+    program = [str(Path(sys.executable).with_name("slurm-nebula-power")), "check"]
+    done = subprocess.run(program, env=run_env(site), capture_output=True, text=True, timeout=120)
+    whole = json.loads(subprocess.run([*program, "--json"], env=run_env(site), capture_output=True, text=True,
+                                      timeout=120).stdout)
+    lines = done.stdout.splitlines()
+    assert done.returncode == EXIT_OK and max(len(line) for line in lines + done.stderr.splitlines()) <= 200
+    assert max(len(f"{f['subject']}: {f['text']} -> fix: {f['fix']}") for f in whole) > 400, "long ones made"
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == [f["level"] for f in whole]
+    blocks = re.split(r"\n(?! )", done.stdout.rstrip("\n"))  # a finding's line and its indented continuation lines
+    warned = [(f, block) for f, block in zip(whole, blocks, strict=True) if f["level"] == "warning"]
+    assert {f["subject"] for f, _ in warned} == {"[opennebula] max_pending", "[opennebula] max_parallel",
+                                                "node set cpu[01-02] boot_timeout"}
+    for said, block in warned:  # every word of the text and of the fix is printed, in order
+        printed = iter(re.findall(r"\w+", block))
+        assert all(word in printed for word in re.findall(r"\w+", said["text"] + " fix " + said["fix"])), block
