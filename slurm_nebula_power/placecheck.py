@@ -62,7 +62,26 @@ def check_placement(report: Report, config: Config, cloud: Cloud) -> None:
     else:
         report.ok(subject, f"may not deploy (an ADMIN operation for it, {_source(rights)}); {using}, which needs "
                   f"no more; for direct placement: {grant_fix(rights)}")
+    _check_recover(report, config, rights)
     if direct and not hosts:
         report.warn(f"node sets {', '.join(direct)} placement", "the user sees no host: direct placement chooses "
                     "from the host pool, so oned's scheduler places their VMs",
                     f'let user {config.opennebula.user} see the hosts: oneacl create "#<uid> HOST/* USE"')
+
+
+def _check_recover(report: Report, config: Config, rights: Rights) -> None:
+    """recover --delete is how a VM stuck in a transient state (PROLOG, EPILOG, a hung deploy) is removed when
+    terminate is refused for its state; oned.conf ships it as an ADMIN operation, which a user lacks on its own
+    VMs: such a VM is then left for an administrator (logged), its GPU held."""
+    subject = f"OpenNebula user {config.opennebula.user} recover right"
+    level = deploy_level(rights.user, rights.group, rights.system, operation="recover")
+    if rights.administrator or level != "ADMIN":
+        report.ok(subject, "may recover --delete its VMs stuck in a transient state")
+        return
+    name = rights.name or "<user>"
+    manage = rights.user.get("MANAGE", "").strip()
+    line = 'VM_MANAGE_OPERATIONS = "recover"' if not manage else f'VM_MANAGE_OPERATIONS = "{manage}, recover"'
+    report.warn(subject, "may not recover its VMs (an ADMIN operation for it): a VM stuck in a transient state "
+                "that terminate cannot remove is left for an administrator, its GPU held",
+                f"as oneadmin put {line} in user {name}'s template (`oneuser update {name} FILE --append`; "
+                "docs/installation.md, \"The OpenNebula side\")")

@@ -309,12 +309,13 @@ def operations(text: str) -> set[str]:
     return {part.strip().lower() for part in text.split(",") if part.strip()}
 
 
-def deploy_level(user: Mapping[str, str], group: Mapping[str, str], system: Mapping[str, str]) -> str:
-    """The level (ADMIN, MANAGE, USE) one.vm.deploy asks of the VM: the user's template first, then the
-    primary group's, then oned.conf (RequestAttributes::set_auth_op), each a map level -> operations text
-    (VM_ADMIN_OPERATIONS...). oned.conf as shipped: ADMIN."""
+def deploy_level(user: Mapping[str, str], group: Mapping[str, str], system: Mapping[str, str],
+                 operation: str = "deploy") -> str:
+    """The level (ADMIN, MANAGE, USE) one.vm.deploy (or another VM `operation`, e.g. recover) asks of the VM:
+    the user's template first, then the primary group's, then oned.conf (RequestAttributes::set_auth_op), each
+    a map level -> operations text (VM_ADMIN_OPERATIONS...). oned.conf as shipped: ADMIN for both."""
     for source in (user, group, system):
         for level in LEVELS:
-            if "deploy" in operations(source.get(level, "")):
+            if operation in operations(source.get(level, "")):
                 return level
     return "ADMIN"
