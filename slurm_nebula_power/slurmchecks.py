@@ -20,6 +20,13 @@ from .slurmconf import SlurmConf
 # ---- slurm.conf ---------------------------------------------------------------------------------------
 
 
+def static_nodes(config: Config, conf: SlurmConf) -> dict[str, list[str]]:
+    """Per node set (its nodes expression): its nodes slurm.conf declares without State=CLOUD."""
+    cloud, known = set(conf.cloud_nodes), set(conf.nodes)
+    found = {ns.nodes_expr: [n for n in ns.nodes if n in known and n not in cloud] for ns in config.nodesets}
+    return {expr: nodes for expr, nodes in found.items() if nodes}
+
+
 def check_coverage(report: Report, config: Config, conf: SlurmConf) -> None:
     """Every State=CLOUD node in a node set; every node-set node a CLOUD node of slurm.conf."""
     cloud, known, configured = set(conf.cloud_nodes), set(conf.nodes), set(config.all_nodes)
@@ -27,9 +34,10 @@ def check_coverage(report: Report, config: Config, conf: SlurmConf) -> None:
     if cloud - configured:
         report.problem(f"slurm.conf {fold(sorted(cloud - configured))}", "State=CLOUD but in no [[nodeset]]: "
                        "resume refuses them", "add them to a node set's nodes, or drop State=CLOUD")
+    overlaps = static_nodes(config, conf)
     for nodeset in config.nodesets:
         missing = [n for n in nodeset.nodes if n not in known]
-        static = [n for n in nodeset.nodes if n in known and n not in cloud]
+        static = overlaps.get(nodeset.nodes_expr, [])
         if missing:
             report.problem(f"node set {nodeset.nodes_expr}", f"{fold(missing)} not in slurm.conf",
                            "add NodeName lines with State=CLOUD (slurm-nebula-power slurm-conf prints them)")

@@ -10,7 +10,7 @@ from simfixtures import AUTH
 from support import make_setup
 
 from slurm_nebula_power.cli import slurm_conf as slurmconf
-from slurm_nebula_power.errors import EXIT_OK
+from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_OK
 from slurm_nebula_power.shapes import pci_gpus, template_shape
 from slurm_nebula_power.slurmconf import gres_gpu_types, gres_gpus, node_cpus, read_gres_conf, read_slurm_conf
 
@@ -200,21 +200,48 @@ def test_node_set_options_name_gpu_type_features_and_partition(sim, tmp_path, ca
     assert "ResumeTimeout=900" in lines, "boot_timeout 600 + 300"
 
 
-def test_unreadable_template_falls_back_to_the_node_set_options(sim, tmp_path, capsys) -> None:
+def test_unreadable_template_is_an_error_though_the_node_set_options_describe_it(sim, tmp_path, capsys) -> None:
+    # issue 32: a template the user cannot read printed as if fine, exit 0; resume then failed every node
     site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
         '[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "missing"\nvcpu = 16\nmemory_mb = 100000\ngpus = 2\n'))
-    assert slurmconf.main([], site.env) == EXIT_OK
-    out = capsys.readouterr().out
+    assert slurmconf.main([], site.env) == EXIT_CONFIG
+    out, err = capsys.readouterr()
     assert "NodeName=gpu[01-02] State=CLOUD CPUs=16 RealMemory=95000 Gres=gpu:2 Feature=cloud" in out
     assert "template unreadable" in out
+    [line] = err.strip().splitlines()
+    assert line.startswith("slurm-nebula-power slurm-conf: error: node set gpu[01-02]: template 'missing': no VM "
+                           "template named 'missing' is visible to user oneadmin; the template must be one user "
+                           "oneadmin may use: if it does not exist, create it as that user: ONE_AUTH=")
+    assert "as oneadmin: onetemplate chown <id> oneadmin" in line
 
 
 def test_unreadable_template_without_options_is_an_error(sim, tmp_path, capsys) -> None:
     site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
         '[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "missing"\n'))
+    assert slurmconf.main([], site.env) == EXIT_CONFIG
+    out, err = capsys.readouterr()
+    assert out == "" and "no VM template named 'missing'" in err and "onetemplate chown <id> oneadmin" in err
+    assert "vcpu, memory_mb and gpus" in err and len(err.strip().splitlines()) == 1
+
+
+def test_refused_credentials_are_not_blamed_on_the_templates(sim, tmp_path, capsys) -> None:
+    site = make_setup(tmp_path / "site", sim.endpoint, AUTH.split(":")[0] + ":wrong", nodesets=(
+        '[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "slurm-gpu-worker"\nvcpu = 16\nmemory_mb = 100000\n'))
     assert slurmconf.main([], site.env) == 4
-    err = capsys.readouterr().err
-    assert "no VM template named 'missing'" in err and "vcpu, memory_mb and gpus" in err
+    out, err = capsys.readouterr()
+    [line] = err.strip().splitlines()
+    assert out == "" and "refused user oneadmin" in line and "put valid credentials" in line
+    assert "onetemplate" not in line
+
+
+def test_a_gpu_type_alone_counts_one_gpu_from_the_options(sim, tmp_path, capsys) -> None:
+    # issue 32: gpus defaults to 1 with any gpu_* key, gpu_type too (docs/configuration.md)
+    site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
+        '[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "missing"\nvcpu = 16\nmemory_mb = 100000\n'
+        'gpu_type = "h100"\n'))
+    assert slurmconf.main([], site.env) == EXIT_CONFIG
+    assert "NodeName=gpu[01-02] State=CLOUD CPUs=16 RealMemory=95000 Gres=gpu:h100:1 Feature=cloud,h100" in \
+        capsys.readouterr().out
 
 
 def test_help_exits_0(capsys) -> None:
@@ -258,3 +285,14 @@ def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_fa
     assert ours == []
     parts = cluster.run("sinfo", "-h", "-o", "%P %D").stdout.split()
     assert parts == ["gpu", "8", "cloud", "4"]
+
+
+@pytest.mark.parametrize("flag", [[], ["--gres-conf"]], ids=["slurm.conf", "gres.conf"])
+def test_a_node_set_holding_static_nodes_is_refused_never_printed_as_cloud_nodes(sim, setup, capsys, flag) -> None:
+    # issue 32: node[05-06] static in slurm.conf inside a node set's hostlist came out as State=CLOUD lines
+    (setup.root / "slurm.conf").write_text("ClusterName=testcluster\nNodeName=gpu[07-08] CPUs=8 State=UNKNOWN\n")
+    assert slurmconf.main(flag, setup.env) == EXIT_CONFIG
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "node set gpu[01-08]: gpu[07-08] are static nodes in" in err
+    assert "take them out of the node set's nodes" in err
