@@ -11,7 +11,8 @@ line is split with shlex (`#` starts a comment) into parts at `;`, `&&`, `||` an
   installed beside this Python) runs against a simulator deployment (tests/support.py make_setup, with the
   README's node set `gpu[01-16]` so node names need no substitution, found through
   SLURM_NEBULA_POWER_CONFIG), and must exit 0 or 1: never 2 (usage), 3 (configuration) or 4 (internal);
-- is first stripped of `sudo -u USER`;
+- is first stripped of `sudo -u USER` and of `NAME=value` environment assignments before its program
+  (`ONE_AUTH=/etc/slurm/one_auth onetemplate ...`);
 - whose program is in SKIPPED (it needs a real Slurm, OpenNebula, systemd or root) is not run;
 - with any other program fails the test: a misspelled program name is caught as well as a misspelled
   subcommand or option (exit 2).
@@ -58,7 +59,7 @@ boot_timeout = 20
 vcpu = 8
 memory_mb = 65536
 network = "slurm-net"
-image = "debian-12-slurm"
+image = "slurm-worker"  # the simulator's image (oneadmin's, as docs/worker-image.md registers it)
 controller = "slurmctld.example.org"
 munge_key_file = "{key}"
 """
@@ -140,6 +141,10 @@ def run(words: list[str], site, tmp: Path) -> subprocess.CompletedProcess[str] |
     """Run one simple command as documented; None when its program is skipped."""
     if words[:2] == ["sudo", "-u"]:
         words = words[3:]
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        words = words[1:]  # VAR=value: the program's environment, as the shell takes it
+    if not words:
+        return None
     program = Path(words[0]).name
     if program in SKIPPED:
         return None

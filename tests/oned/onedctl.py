@@ -425,13 +425,14 @@ def slurm_user(one: One) -> str:
     """The OpenNebula user the programs act as, made as docs/installation.md ("The OpenNebula side") makes it:
     its own group (which oned adds to the default VDC: USE of the networks and datastores, MANAGE of the
     hosts), the CREATE rule `onegroup create` adds for a group's users, USE of the hosts (the host pool: the
-    VDC's MANAGE does not list them), and deploy at MANAGE (direct placement). Its session `slurm:<password>`."""
+    VDC's MANAGE does not list them), and recover and deploy (direct placement) at MANAGE. Its session
+    `slurm:<password>`."""
     gid = int(one.call("one.group.allocate", SLURM_USER))
     one.call("one.acl.addrule", f"{ACL_GID | gid:x}", f"{ACL_CREATED | ACL_ALL:x}", f"{ACL_CREATE:x}", f"{ACL_ALL:x}")
     one.call("one.acl.addrule", f"{ACL_GID | gid:x}", f"{ACL_HOST | ACL_ALL:x}", f"{ACL_USE:x}", f"{ACL_ALL:x}")
     password = os.urandom(16).hex()
     uid = int(one.call("one.user.allocate", SLURM_USER, password, "core", [gid]))
-    one.call("one.user.update", uid, 'VM_MANAGE_OPERATIONS = "deploy"', 1)
+    one.call("one.user.update", uid, 'VM_MANAGE_OPERATIONS = "recover, deploy"', 1)
     return f"{SLURM_USER}:{password}"
 
 
