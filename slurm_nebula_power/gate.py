@@ -103,7 +103,7 @@ class Gate:
         template either (a wrong password read "template slurm-gpu-worker: ... couldn't be authenticated")."""
         one = self.ctx.config.opennebula
         if isinstance(exc, CredentialsRefused):
-            reason = f"OpenNebula refused the credentials of user {one.user} in {one.auth_file}"
+            reason = f"OpenNebula refused the credentials of user {one.user} in {one.auth_file}"[:REASON_LENGTH]
             log.error("node set %s: %s (%s): put valid ones there (user:password or user:token)",
                       nodeset.nodes_expr, reason, first_line(exc, REASON_LENGTH))
             return reason

@@ -75,6 +75,8 @@ def owned_from_xml(text: str, kind: Kind) -> list[Owned]:
         name, uname = element.findtext("NAME") or "", element.findtext("UNAME") or ""
         if len(name) > NAME_LENGTH or len(uname) > NAME_LENGTH:
             raise ValueError(f"{kind.element}/NAME or UNAME is longer than oned allows")
+        if not (name + uname).isprintable():  # a newline would be a line of its own in what `template` prints
+            raise ValueError(f"{kind.element}/NAME or UNAME holds a control character")
         found.append(Owned(number(element.findtext("ID"), -1, f"{kind.element}/ID"), name,
                            number(element.findtext("UID"), -1, f"{kind.element}/UID"), uname))
     return found

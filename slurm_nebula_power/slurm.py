@@ -328,8 +328,7 @@ class Scontrol:
             if "not found" not in str(exc):
                 raise
             wanted = set(names)
-            return {name: state for name, state in parse_show_node(self.run("show", "node", "-o")).items()
-                    if name in wanted}
+            return {name: state for name, state in self.show_all_nodes().items() if name in wanted}
         return parse_show_node(out)
 
 

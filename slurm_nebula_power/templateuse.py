@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from . import __version__
 from .config import Config, NodeSet
-from .errors import ActionRefused, CloudAuthError, CloudError, QuotaExceeded, first_line
+from .errors import ActionRefused, CloudAuthError, CloudError, QuotaExceeded, TransientCloudError, first_line
 from .findings import Report
 from .grants import Rights
 from .operation import Cloud
@@ -98,6 +98,11 @@ def _probe(report: Report, subject: str, cloud: Cloud, template_id: int, index: 
         report.warn(subject, f"not proved: oned refused it for a quota of user {user} ({exc.quota})",
                     "run check --instantiate again when the user is below its quota")
         return
+    except TransientCloudError as exc:  # oned may have made the VM before the answer was lost
+        report.warn(subject, f"not proved: no answer from oned ({first_line(exc, 200)})",
+                    f"run check --instantiate again; if onevm list shows a VM named "
+                    f"'{PROBE_NAME.format(index=index)}', terminate it")
+        return
     except CloudError as exc:
         report.problem(subject, f"oned refuses to instantiate it as user {user}: {first_line(exc, 300)}",
                        "fix what oned names (the lines above say how for a network or image), then run "
@@ -111,7 +116,6 @@ def _probe(report: Report, subject: str, cloud: Cloud, template_id: int, index: 
         return
     report.ok(subject, f"oned instantiated it on hold as user {user} (VM {vm_id}, named "
               f"{PROBE_NAME.format(index=index)!r}) and check removed it at once")
-
 
 
 def _remove(cloud: Cloud, vm_id: int) -> None:

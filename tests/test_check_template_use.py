@@ -212,3 +212,16 @@ def test_the_pools_are_read_strictly() -> None:
     for bad in (VNET.format(id="1_0", name="x"), VNET.format(id="٣", name="x"), VNET.format(id=1, name="n" * 129)):
         with pytest.raises(ValueError, match="VNET/"):  # the field named, never its value
             owned_from_xml(f"<VNET_POOL>{bad}</VNET_POOL>", NETWORK)
+
+
+@pytest.mark.parametrize("field", ["NAME", "UNAME"])
+def test_a_network_name_or_owner_with_a_control_character_is_refused_never_written_into_a_template(field) -> None:
+    # template writes the owner's name into a comment line: a newline there would be a template line of its own
+    from slurm_nebula_power.owned import NETWORK, owned_from_xml
+
+    values = {"NAME": "slurm-net", "UNAME": "oneadmin"}
+    values[field] += "\nCONTEXT = [ X = 1 ]"
+    text = (f"<VNET_POOL><VNET><ID>0</ID><UID>0</UID><NAME>{values['NAME']}</NAME>"
+            f"<UNAME>{values['UNAME']}</UNAME></VNET></VNET_POOL>")
+    with pytest.raises(ValueError, match="control character"):
+        owned_from_xml(text, NETWORK)

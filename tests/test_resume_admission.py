@@ -81,3 +81,14 @@ def test_a_configuration_error_with_an_unreadable_hostlist_hands_back_nothing(si
     setup.config.write_text("not toml [")
     assert resume_main(["gpu[01-"], setup.env) == EXIT_CONFIG
     assert setup.updates() == []
+
+
+def test_in_slurmctlds_own_run_a_node_no_longer_powering_up_is_left_out_and_the_others_go_on(sim, setup,
+                                                                                           tmp_path) -> None:
+    # powered down by hand between slurmctld starting resume and resume asking it: the rest must not wait
+    setup.set_nodes(shown("gpu01 State=IDLE+CLOUD+POWERING_UP", "gpu02 State=IDLE+CLOUD+POWERED_DOWN"))
+    resume_file = tmp_path / "resume.json"
+    resume_file.write_text('{"jobs": [{"job_id": 7, "nodes": "gpu[01-02]"}]}')
+    assert resume_main(["gpu[01-02]"], {**setup.env, "SLURM_RESUME_FILE": str(resume_file)}) == EXIT_OK
+    assert [vm.name for vm in sim.vms()] == ["gpu01"]
+    assert "gpu02: no longer being powered up by slurmctld (IDLE+CLOUD+POWERED_DOWN): left out" in setup.log_text()

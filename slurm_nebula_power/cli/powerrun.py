@@ -46,7 +46,7 @@ def run(prog: str, operation: str, args: argparse.Namespace, environ: Mapping[st
         setup_logging(prog, config)
         nodes = expand(args.hostlist)
         if detachable:
-            _admit(config, env, nodes, force=getattr(args, "force", False))
+            nodes = _admit(config, env, nodes, force=getattr(args, "force", False))
     except PowerError as exc:
         report_error(prog, str(exc))
         if detachable and isinstance(exc, ConfigError):
@@ -59,7 +59,7 @@ def run(prog: str, operation: str, args: argparse.Namespace, environ: Mapping[st
                        hands_back=detachable)
 
 
-def _admit(config: Config, environ: Mapping[str, str], nodes: list[str], force: bool) -> None:
+def _admit(config: Config, environ: Mapping[str, str], nodes: list[str], force: bool) -> list[str]:
     """Resume acts only on what slurmctld asked for: the call is refused whole (exit 2, nothing done, no VM,
     no address changed) when any node is
 
@@ -70,7 +70,9 @@ def _admit(config: Config, environ: Mapping[str, str], nodes: list[str], force: 
       Slurm never learns of, whose GPU stays taken until reconcile's grace ends): unless --force.
 
     When slurmctld cannot be asked, a run slurmctld started (it sets SLURM_RESUME_FILE) goes on with a
-    warning, since it asked for these nodes; a run by hand is refused."""
+    warning, since it asked for these nodes; a run by hand is refused. In a run slurmctld started, a cloud
+    node it is no longer powering up (powered down by hand meanwhile) is left out and the others go on, so
+    that they do not wait for ResumeTimeout. The nodes to act on."""
     strays = [node for node in nodes if config.nodeset_for(node) is None]
     sets = ", ".join(ns.nodes_expr for ns in config.nodesets)
     try:
@@ -82,7 +84,7 @@ def _admit(config: Config, environ: Mapping[str, str], nodes: list[str], force: 
                              f"slurmctld cannot say whether it is powering them up ({said}): nothing done") from None
         if environ.get("SLURM_RESUME_FILE"):
             log.warning("slurmctld cannot say how %s stand (%s): resuming them as it asked", fold(nodes), said)
-            return
+            return nodes
         raise UsageError(f"{fold(nodes)}: slurmctld cannot say whether it is powering them up ({said}): nothing "
                          "done; resume runs for slurmctld (scontrol update NodeName=... State=POWER_UP)") from None
     foreign = [node for node in strays if node not in states or not states[node].is_powering_up]
@@ -100,6 +102,9 @@ def _admit(config: Config, environ: Mapping[str, str], nodes: list[str], force: 
         raise UsageError(f"{fold(static)}: static nodes (no State=CLOUD in slurm.conf): nothing done, never a VM "
                          "for them; take them out of the node set's nodes")
     idle = [node for node in ours if not states[node].is_powering_up]
+    if idle and environ.get("SLURM_RESUME_FILE") and not force:
+        log.warning("%s: no longer being powered up by slurmctld (%s): left out", fold(idle), states[idle[0]].state)
+        return [node for node in nodes if node not in idle]
     if idle and not force:
         raise UsageError(f"{fold(idle)}: not being powered up by slurmctld ({states[idle[0]].state}): nothing "
                          f"done, a VM made by hand is one Slurm never learns of; ask slurmctld: scontrol update "
@@ -107,6 +112,7 @@ def _admit(config: Config, environ: Mapping[str, str], nodes: list[str], force: 
     if idle:
         log.warning("--force: resuming %s, which slurmctld is not powering up: their VMs run until suspended or "
                     "reconciled", fold(idle))
+    return nodes
 
 
 def _hand_back_unconfigured(expression: str, config_arg: str | None, environ: Mapping[str, str]) -> None:
@@ -132,7 +138,8 @@ def _scontrol_named(config_arg: str | None, environ: Mapping[str, str]) -> Path 
             named = tomllib.load(handle).get("slurm", {}).get("scontrol")
     except (OSError, PowerError, tomllib.TOMLDecodeError, AttributeError):
         return None
-    return Path(named) if isinstance(named, str) and Path(named).is_absolute() else None
+    usable = isinstance(named, str) and "\x00" not in named and Path(named).is_absolute()
+    return Path(named) if usable else None
 
 
 def _detach() -> bool:

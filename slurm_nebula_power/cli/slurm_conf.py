@@ -90,7 +90,6 @@ def _refuse_static(config: Config) -> None:
         return  # check says why slurm.conf cannot be read; the lines to paste do not depend on it
 
     if overlaps:
-        expr, nodes = next(iter(overlaps.items()))
-        raise ConfigError(f"{config.path}: node set {expr}: {fold(nodes)} are static nodes in {path} (no "
-                          f"State=CLOUD); take them out of the node set's nodes (slurm-conf never prints a static "
-                          "node as a cloud node)")
+        which = "; ".join(f"node set {expr}: {fold(nodes)}" for expr, nodes in overlaps.items())
+        raise ConfigError(f"{config.path}: {which} are static nodes in {path} (no State=CLOUD); take them out of "
+                          "the node set's nodes (slurm-conf never prints a static node as a cloud node)")
