@@ -139,6 +139,20 @@ def named(config: Config, index: int, nodeset: NodeSet) -> dict[str, tuple[Kind,
     return {key: (kind, value) for key, (kind, value) in found.items() if value and not numeric(value)}
 
 
+class UsablePools:
+    """The networks and images the user may use, each asked of oned once, when first needed (template, check)."""
+
+    def __init__(self, cloud: Cloud) -> None:
+        self.cloud = cloud
+        self.seen: dict[str, list[Owned]] = {}
+
+    def of(self, kind: Kind) -> list[Owned]:
+        """The pool of `kind` the user may use (filter -2), read on first use."""
+        if kind.noun not in self.seen:
+            self.seen[kind.noun] = self.cloud.networks() if kind is NETWORK else self.cloud.images()
+        return self.seen[kind.noun]
+
+
 def resolve_names(config: Config, index: int, nodeset: NodeSet, cloud: Cloud) -> dict[str, Owned]:
     """The node set's networks and image given by name, each found among what the user may use (filter -2 of
     one.vnpool.info and one.imagepool.info); ConfigError naming the key, the user and the fix when a name is
@@ -147,13 +161,10 @@ def resolve_names(config: Config, index: int, nodeset: NodeSet, cloud: Cloud) ->
     if not wanted:
         return {}
     user = cloud.rights()
-    pools: dict[str, list[Owned]] = {}
+    pools = UsablePools(cloud)
     found: dict[str, Owned] = {}
     for key, (kind, name) in wanted.items():
-        visible = pools.get(kind.noun)
-        if visible is None:
-            visible = pools[kind.noun] = cloud.networks() if kind is NETWORK else cloud.images()
-        hit = by_name(kind, key, name, visible, user)
+        hit = by_name(kind, key, name, pools.of(kind), user)
         if isinstance(hit, Unresolved):
             raise ConfigError(f"{config.path}: nodeset[{index}].{key}: {hit.text}", hit.fix)
         found[key] = hit

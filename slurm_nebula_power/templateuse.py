@@ -11,7 +11,8 @@ from .errors import ActionRefused, CloudAuthError, CloudError, QuotaExceeded, Tr
 from .findings import Report
 from .grants import Rights
 from .operation import Cloud
-from .owned import NETWORK, Kind, Owned, Unresolved, references, resolve
+from .owned import Unresolved, references, resolve
+from .template import UsablePools
 
 # The probe VM's name: a space makes it no Slurm node name (hostlists refuse it), so no program of ours ever
 # takes it for a node's VM; its extra template carries no node identity either, only this marker.
@@ -28,19 +29,6 @@ def missing_template_fix(config: Config, nodeset: NodeSet) -> str:
             "set the node set's template to a name or id the user sees")
 
 
-class _Pools:
-    """The networks and images the user may use, each asked of oned once, when a template first needs it."""
-
-    def __init__(self, cloud: Cloud) -> None:
-        self.cloud = cloud
-        self.seen: dict[str, list[Owned]] = {}
-
-    def of(self, kind: Kind) -> list[Owned]:
-        if kind.noun not in self.seen:
-            self.seen[kind.noun] = self.cloud.networks() if kind is NETWORK else self.cloud.images()
-        return self.seen[kind.noun]
-
-
 def check_template_use(report: Report, config: Config, cloud: Cloud, *, instantiate: bool = False) -> None:
     """Each node set's template as stored in oned: its networks and images resolve for the user as oned resolves
     them when resume instantiates it; `instantiate`: oned instantiates it on hold as the user, removed at once."""
@@ -51,7 +39,7 @@ def check_template_use(report: Report, config: Config, cloud: Cloud, *, instanti
         report.warn(f"OpenNebula user {user_name}", f"unreadable (one.user.info: {first_line(exc)}): the templates' "
                     "networks and images not checked", "run check again when OpenNebula answers")
         return
-    pools = _Pools(cloud)
+    pools = UsablePools(cloud)
     for index, nodeset in enumerate(config.nodesets):
         try:
             template_id = cloud.template_id(nodeset.template)
@@ -64,7 +52,7 @@ def check_template_use(report: Report, config: Config, cloud: Cloud, *, instanti
             _probe(report, subject, cloud, template_id, index, user_name)
 
 
-def _references(report: Report, subject: str, body: dict[str, object], pools: _Pools, user: Rights) -> bool:
+def _references(report: Report, subject: str, body: dict[str, object], pools: UsablePools, user: Rights) -> bool:
     """Report each reference that does not resolve, or one line for all that do; whether all did."""
     found: list[str] = []
     good = True
