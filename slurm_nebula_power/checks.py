@@ -41,6 +41,7 @@ from .slurmchecks import (
     check_cluster_name,
     check_configless,
     check_coverage,
+    check_power_limits,
     check_poweroff,
     check_programs,
     check_prolog,
@@ -379,6 +380,7 @@ def run_checks(config_arg: str | None, environ: Mapping[str, str], open_cloud: C
     if conf is not None:
         check_coverage(report, config, conf)
         check_suspend_exclusions(report, config, conf)
+        check_power_limits(report, config, conf, version)
         check_timers(report, config, conf)
         check_programs(report, conf, version)
         check_prolog(report, config, conf)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -44,6 +45,7 @@ class Shape:
     source: str
     gpu_vendor: str = ""  # PCI vendor id of the GPUs when known and the same for all ("10de": NVIDIA)
     gpu_profile: str = ""  # the vGPU (or MIG-backed vGPU) profile the GPUs are made with, if any
+    gpu_model: str = ""  # a Feature naming the GPUs' model (gpu_10de_2330), when the template names one
 
 
 def gpu_entries(pci: Any) -> list[Pci]:
@@ -66,6 +68,20 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) and 0 <= number < 1e9 else None
 
 
+def model_feature(vendor: str, device: str, profile: str) -> str:
+    """A Slurm feature naming one GPU model (letters, digits and underscores): its vGPU profile (gpu_nvidia_558),
+    else its PCI vendor and device ids (gpu_10de_2330); "" when neither a profile nor a device is named (a
+    VENDOR and CLASS take any model)."""
+    if profile:
+        words = [profile]
+    elif device:
+        words = [vendor, device]
+    else:
+        return ""
+    token = re.sub(r"[^a-z0-9]+", "_", "_".join(w for w in words if w).lower()).strip("_")
+    return f"gpu_{token}"[:64] if token else ""
+
+
 def template_shape(template: Mapping[str, Any], tid: int) -> Shape:
     """The Shape of a VM built from this template (oned gives one vCPU when VCPU is unset)."""
     vcpu = _number(template.get("VCPU", 1)) or 1
@@ -73,8 +89,10 @@ def template_shape(template: Mapping[str, Any], tid: int) -> Shape:
     gpus = gpu_entries(template.get("PCI"))
     vendors = {gpu.vendor.lower() for gpu in gpus}
     profiles = {gpu.profile for gpu in gpus}
+    models = {model_feature(gpu.vendor, gpu.device, gpu.profile) for gpu in gpus}
     return Shape(int(vcpu), int(memory), len(gpus), f"template {tid}",
-                 vendors.pop() if len(vendors) == 1 else "", profiles.pop() if len(profiles) == 1 else "")
+                 vendors.pop() if len(vendors) == 1 else "", profiles.pop() if len(profiles) == 1 else "",
+                 models.pop() if len(models) == 1 else "")
 
 
 def options_shape(nodeset: NodeSet) -> Shape | None:
@@ -83,9 +101,10 @@ def options_shape(nodeset: NodeSet) -> Shape | None:
     if "vcpu" not in opts or "memory_mb" not in opts:
         return None
     gpus = gpus_of(nodeset)
-    return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), gpus, "node set options",
-                 str(opts.get("gpu_vendor", DEFAULT_GPU_VENDOR)).lower() if gpus else "",
-                 str(opts.get("gpu_profile", "")) if gpus else "")
+    vendor, profile = str(opts.get("gpu_vendor", DEFAULT_GPU_VENDOR)).lower(), str(opts.get("gpu_profile", ""))
+    return Shape(int(opts["vcpu"]), int(opts["memory_mb"]), gpus, "node set options", vendor if gpus else "",
+                 profile if gpus else "",
+                 model_feature(vendor, str(opts.get("gpu_device", "")), profile) if gpus else "")
 
 
 def read_shapes(config: Config, cloud: Cloud, unreachable_raises: bool = False
@@ -131,23 +150,58 @@ def real_memory(memory_mb: int) -> int:
     return max(1, math.floor(memory_mb * MEMORY_RATIO))
 
 
-def features(nodeset: NodeSet) -> str:
-    """Feature= of a node set: its features option, else cloud plus the GPU type."""
+def features(nodeset: NodeSet, shape: Shape | None = None) -> str:
+    """Feature= of a node set: its features option, else cloud plus the GPU type (gpu_type, else the model the
+    template names: Shape.gpu_model)."""
     if nodeset.options.get("features"):
         return str(nodeset.options["features"])
-    kind = nodeset.options.get("gpu_type")
+    kind = nodeset.options.get("gpu_type") or (shape.gpu_model if shape is not None and shape.gpus else "")
     return ",".join(["cloud"] + ([str(kind)] if kind else []))
 
 
-def node_line(nodeset: NodeSet, shape: Shape) -> str:
-    """The NodeName line of a node set."""
+def node_line(nodeset: NodeSet, shape: Shape, weight: int | None = None) -> str:
+    """The NodeName line of a node set (Weight= when its partition holds other node sets: weights())."""
     parts = [f"NodeName={fold(nodeset.nodes)}", "State=CLOUD", f"CPUs={shape.vcpus}",
              f"RealMemory={real_memory(shape.memory_mb)}"]
     if shape.gpus:
         kind = nodeset.options.get("gpu_type")
         parts.append(f"Gres=gpu:{kind}:{shape.gpus}" if kind else f"Gres=gpu:{shape.gpus}")
-    parts.append(f"Feature={features(nodeset)}")
-    return " ".join(parts)
+    parts.append(f"Feature={features(nodeset, shape)}")
+    return " ".join(parts + ([f"Weight={weight}"] if weight is not None else []))
+
+
+WEIGHT_STEP = 10  # Weight=10, 20, 30...: a site's static nodes (Weight 1 by default) go first, and room between
+
+
+def weights(shapes: Sequence[tuple[NodeSet, Shape]]) -> dict[str, int]:
+    """Per node set (its nodes expression) sharing its partition with others: its Weight, in the order the
+    configuration lists them (the first is preferred: the lowest Weight). A node set alone in its partition
+    gets none (Slurm's default, 1)."""
+    partitions: dict[str, list[NodeSet]] = {}
+    for nodeset, shape in shapes:
+        partitions.setdefault(partition_of(nodeset, shape), []).append(nodeset)
+    return {ns.nodes_expr: WEIGHT_STEP * (rank + 1) for sets in partitions.values() if len(sets) > 1
+            for rank, ns in enumerate(sets)}
+
+
+def fallback_notes(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], weight: Mapping[str, int]) -> list[str]:
+    """The comment lines above the NodeName lines of partitions holding several node sets: the order, the
+    fallback and how a job pins a model."""
+    partitions: dict[str, list[tuple[NodeSet, Shape]]] = {}
+    for nodeset, shape in shapes:
+        if nodeset.nodes_expr in weight:
+            partitions.setdefault(partition_of(nodeset, shape), []).append((nodeset, shape))
+    lines = []
+    for name, sets in partitions.items():
+        order = ", ".join(f"{ns.nodes_expr} Weight={weight[ns.nodes_expr]} ({features(ns, shape)})"
+                          for ns, shape in sets)
+        lines.append(f"# partition {name}: {order}, in their order in {config.path}: jobs go to the lowest Weight "
+                     "first; a node set that runs out of GPUs steps out (drained with a nebula: reason) and jobs "
+                     "fall back to the next; --constraint=<feature> pins a model")
+        lines += [f"# {ns.nodes_expr}: no GPU model feature (the template's PCI entry names no DEVICE or PROFILE): "
+                  "set gpu_type to pin it with --constraint" for ns, shape in sets
+                  if shape.gpus and features(ns, shape) == "cloud"]
+    return lines
 
 
 def partition_of(nodeset: NodeSet, shape: Shape) -> str:
@@ -195,10 +249,12 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
         lines += ["# the GPUs' devices go in gres.conf beside slurm.conf: slurm-nebula-power slurm-conf --gres-conf",
                   "GresTypes=gpu"]
     partitions: dict[str, list[str]] = {}
+    weight = weights(shapes)
+    lines += fallback_notes(config, shapes, weight)
     for nodeset, shape in shapes:
         lines += [f"# {nodeset.nodes_expr}: {shape.source} ({nodeset.template!r}): {shape.vcpus} vCPU, "
                   f"{shape.memory_mb} MiB (RealMemory {MEMORY_RATIO:.0%}), {shape.gpus} GPU",
-                  node_line(nodeset, shape)]
+                  node_line(nodeset, shape, weight.get(nodeset.nodes_expr))]
         partitions.setdefault(partition_of(nodeset, shape), []).extend(nodeset.nodes)
     for name, nodes in partitions.items():
         lines.append(f"PartitionName={name} Nodes={fold(nodes)} MaxTime=INFINITE State=UP")

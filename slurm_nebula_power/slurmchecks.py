@@ -257,6 +257,82 @@ def check_suspend_exc_states(report: Report, conf: SlurmConf, version: tuple[int
                     f"remove {names} from SuspendExcStates, unless you keep such VMs to look into on purpose")
 
 
+def check_power_limits(report: Report, config: Config, conf: SlurmConf, version: tuple[int, int] | None) -> None:
+    """What caps or stops powering cloud nodes up and down: max_powered_nodes, a NodeName line's SuspendTime."""
+    release = "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"
+    check_max_powered_nodes(report, config, conf, version, release)
+    check_node_suspend_time(report, config, conf, version, release)
+
+
+def _max_powered_nodes(conf: SlurmConf) -> int | None:
+    """SlurmctldParameters' max_powered_nodes as slurmctld reads it (strtol of what follows the =: leading
+    digits, else 0), or None when unset or negative (no limit then)."""
+    for option in conf.get("SlurmctldParameters").split(","):
+        name, _, value = option.strip().partition("=")
+        if name.lower() == "max_powered_nodes":
+            number = re.match(r"\s*[+-]?\d{1,12}", value)
+            limit = int(number.group()) if number else 0
+            return limit if limit >= 0 else None
+    return None
+
+
+def check_max_powered_nodes(report: Report, config: Config, conf: SlurmConf, version: tuple[int, int] | None,
+                            release: str) -> None:
+    """SlurmctldParameters=max_powered_nodes=N (Slurm 24.05+): slurmctld starts a job that would power nodes up
+    only while the powered-up nodes, static ones included (every node not powered down and not FUTURE: its
+    power_up_node_bitmap), stay at most N; else the job waits with Reason MaxPoweredUpNodes."""
+    limit = _max_powered_nodes(conf)
+    if limit is None:
+        return
+    subject = f"slurm.conf SlurmctldParameters max_powered_nodes={limit}"
+    if version is not None and version < (24, 5):
+        report.warn(subject, f"ignored by {release} (max_powered_nodes is from Slurm 24.05): no limit applies "
+                    "to powering cloud nodes up", "remove max_powered_nodes, or keep it for an upgrade to 24.05+")
+        return
+    static = [n for n, keys in conf.nodes.items() if "CLOUD" not in keys.get("state", "").upper()
+              and "FUTURE" not in keys.get("state", "").upper()]
+    counted = f" ({len(static)} static node{'s count' if len(static) > 1 else ' counts'} as powered up)" \
+        if static else ""
+    largest = max(config.nodesets, key=lambda ns: len(ns.nodes))
+    room = limit - len(static)
+    if room <= 0:
+        report.problem(subject, f"no cloud node can ever be powered up{counted}: every job on cloud nodes waits "
+                       "for ever with Reason MaxPoweredUpNodes",
+                       f"raise max_powered_nodes above {len(static)}, or remove it")
+    elif room < len(largest.nodes):
+        report.warn(subject, f"at most {room} cloud nodes up at once{counted}, fewer than node set "
+                    f"{largest.nodes_expr}'s {len(largest.nodes)}: a job needing more than {room} of them never "
+                    "starts (Reason MaxPoweredUpNodes)",
+                    f"raise max_powered_nodes to {len(static) + len(largest.nodes)}, or accept that limit on jobs")
+    else:
+        report.ok(subject, f"at most {room} cloud nodes up at once{counted}")
+
+
+NEVER = ("INFINITE", "NONE", "-1")  # SuspendTime values that never power a node down (slurm.conf(5))
+
+
+def check_node_suspend_time(report: Report, config: Config, conf: SlurmConf, version: tuple[int, int] | None,
+                            release: str) -> None:
+    """SuspendTime on NodeName lines (Slurm 26.05+; 22.05 and 24.11 refuse to start with it): a cloud node of a
+    node set whose SuspendTime is INFINITE is never powered down, its VM keeps its GPUs while idle."""
+    timed = {node: keys["suspendtime"] for node, keys in conf.nodes.items() if "suspendtime" in keys}
+    if not timed:
+        return
+    subject = "slurm.conf NodeName SuspendTime"
+    if version is not None and version < (26, 5):
+        report.problem(subject, f"{release} refuses to start with it on {fold(sorted(timed))} (unrecognized key; "
+                       "a NodeName line's SuspendTime is from Slurm 26.05)",
+                       "remove SuspendTime from the NodeName lines (a PartitionName line's SuspendTime is in "
+                       "every release)")
+        return
+    ours, cloud = set(config.all_nodes), set(conf.cloud_nodes)
+    never = sorted(n for n, value in timed.items() if value.strip().upper() in NEVER and n in ours and n in cloud)
+    if never:
+        report.warn(subject, f"{fold(never)} never powered down (SuspendTime={timed[never[0]]}): their VMs, and "
+                    "GPUs, stay up while the nodes are idle",
+                    f"remove SuspendTime from the NodeName lines of {fold(never)}, or give it seconds")
+
+
 def check_prolog(report: Report, config: Config, conf: SlurmConf) -> None:
     """PrologSlurmctld is slurm-nebula-prolog (else jobs wait for slurmctld's 30 s check), executable, not cut
     short by PrologEpilogTimeout; [slurm] prolog_chain is executable and not the prolog itself."""

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -454,9 +455,102 @@ def test_suspend_exc_states_is_judged_by_what_it_keeps_powered_up(sim, tmp_path,
     assert code == (EXIT_NODES_FAILED if level == "problem" else EXIT_OK)
 
 
+def with_slurmctld_parameter(option: str) -> Callable[[list[str]], list[str]]:
+    """slurm.conf lines with an option added to the (last) SlurmctldParameters line."""
+    return lambda lines: [f"{line},{option}" if line.startswith("SlurmctldParameters=") else line for line in lines]
+
+
+def on_cloud_node_lines(keys: str) -> Callable[[list[str]], list[str]]:
+    """slurm.conf lines with keys added to every State=CLOUD NodeName line."""
+    return lambda lines: [f"{line} {keys}" if line.startswith("NodeName=") and "State=CLOUD" in line else line
+                          for line in lines]
+
+
+@pytest.mark.parametrize(("version", "change", "level", "text"), [
+    ((22, 5), with_slurmctld_parameter("max_powered_nodes=2"), "warning",
+     "ignored by Slurm 22.05 (max_powered_nodes is from Slurm 24.05)"),
+    ((24, 11), lambda lines: [*with_slurmctld_parameter("max_powered_nodes=2")(lines), "NodeName=login[1-2] CPUs=4"],
+     "problem", "no cloud node can ever be powered up (2 static nodes count as powered up)"),
+    ((24, 11), with_slurmctld_parameter("max_powered_nodes=3"), "warning",
+     "at most 3 cloud nodes up at once, fewer than node set gpu[01-04]'s 4: a job needing more than 3"),
+    ((26, 5), lambda lines: [*with_slurmctld_parameter("max_powered_nodes=7")(lines), "NodeName=login1 CPUs=4"],
+     "ok", "at most 6 cloud nodes up at once (1 static node counts as powered up)"),
+    ((26, 5), with_slurmctld_parameter("max_powered_nodes=x"), "problem", "no cloud node can ever be powered up"),
+], ids=["22.05-ignored", "static-fill-it", "below-a-node-set", "room", "not-a-number-is-0"])
+def test_max_powered_nodes_is_judged_by_the_cloud_nodes_it_leaves_room_for(sim, tmp_path, capsys, version, change,
+                                                                           level, text) -> None:
+    site = release_site(sim, tmp_path / "site", version)
+    rewrite_lines(site.root / "slurm.conf", change)
+    code, found = findings(site, capsys)
+    said = [f for f in found if f["subject"].startswith("slurm.conf SlurmctldParameters max_powered_nodes=")]
+    assert [(f["level"], text in f["text"]) for f in said] == [(level, True)], said
+    assert code == (EXIT_NODES_FAILED if level == "problem" else EXIT_OK)
+    if level == "warning" and version >= (24, 5):
+        assert said[0]["fix"] == "raise max_powered_nodes to 4, or accept that limit on jobs"
+
+
+@pytest.mark.parametrize(("version", "keys", "level", "text"), [
+    ((22, 5), "SuspendTime=INFINITE", "problem", "Slurm 22.05 refuses to start with it on cpu[01-02],gpu[01-04]"),
+    ((24, 11), "SuspendTime=300", "problem", "Slurm 24.11 refuses to start with it"),
+    ((26, 5), "SuspendTime=INFINITE", "warning", "cpu[01-02],gpu[01-04] never powered down (SuspendTime=INFINITE)"),
+    ((26, 5), "SuspendTime=-1", "warning", "never powered down (SuspendTime=-1)"),
+    ((26, 5), "SuspendTime=300", None, ""),
+], ids=["22.05-refused", "24.11-refused", "26.05-infinite", "26.05-minus-1", "26.05-seconds"])
+def test_a_node_line_suspend_time_is_26_05_s_and_infinite_keeps_the_vms_up(sim, tmp_path, capsys, version, keys,
+                                                                           level, text) -> None:
+    site = release_site(sim, tmp_path / "site", version)
+    rewrite_lines(site.root / "slurm.conf", on_cloud_node_lines(keys))
+    code, found = findings(site, capsys)
+    said = [f for f in found if f["subject"] == "slurm.conf NodeName SuspendTime"]
+    assert [(f["level"], text in f["text"]) for f in said] == ([(level, True)] if level else []), said
+    assert code == (EXIT_NODES_FAILED if level == "problem" else EXIT_OK)
+
+
+STATIC = "NodeName=static1 NodeAddr=127.0.0.1 Port=9 CPUs=1 RealMemory=100"  # no slurmd: never powered down
+
+
+@pytest.mark.slurm
+def test_check_calls_max_powered_nodes_a_problem_exactly_when_static_nodes_leave_no_cloud_node_room(
+        sim, tmp_path, capsys, slurm_factory) -> None:
+    """What the max_powered_nodes check assumes (power_up_node_bitmap, node_mgr.c): a static node counts as powered
+    up, so max_powered_nodes=1 beside one static node refuses every power-up; =2 lets one cloud node up."""
+    cluster = slurm_factory(nodes=["cloud1"], slurmctld_parameters=["max_powered_nodes=1"], extra_conf=STATIC)
+    site = release_site(sim, tmp_path / "site", cluster.version)
+    generated = (site.root / "slurm.conf").read_text().splitlines()
+    for limit in (1, 2):
+        if limit == 2:
+            rewrite_lines(cluster.conf, lambda lines: [line.replace("max_powered_nodes=1", "max_powered_nodes=2")
+                                                       for line in lines])
+            cluster.restart_slurmctld(clear_state=True)
+        done = cluster.run("scontrol", "update", "NodeName=cloud1", "State=POWER_UP", check=False)
+        refused = (done.stdout + done.stderr).strip() if done.returncode else ""
+        if limit == 1:  # and a job on the cloud node: held, as check says, where the power-up was refused
+            job = cluster.sbatch("--wrap=true")
+            info = cluster.wait_until(lambda j=job: cluster.job_info(j), lambda i: i.get("JobState") != "PENDING"
+                                      or i.get("Reason") not in ("None", "Priority", "Resources", ""), 20, "held")
+            cluster.run("scancel", str(job), check=False)
+            finding("max_powered_nodes=1, 1 static node: a 1-node job on a cloud node",
+                    f"{info.get('JobState')} Reason={info.get('Reason')}")
+            assert (info.get("JobState"), info.get("Reason")) == ("PENDING", "MaxPoweredUpNodes") if refused else \
+                info.get("JobState") != "PENDING", info
+        lines = [*with_slurmctld_parameter(f"max_powered_nodes={limit}")(generated), STATIC]
+        (site.root / "slurm.conf").write_text("\n".join(lines) + "\n")
+        code, found = findings(site, capsys)
+        said = [f"{f['level']}: {f['text']}" for f in found
+                if f["subject"].startswith("slurm.conf SlurmctldParameters max_powered_nodes=")]
+        finding(f"max_powered_nodes={limit}, 1 static node: scontrol power up of a cloud node; check",
+                f"{'refused: ' + refused if refused else 'accepted'}; {said}")
+        assert [s.startswith("problem") for s in said] == [bool(refused)], said
+        assert code == (EXIT_NODES_FAILED if refused else EXIT_OK)
+        if limit == 2:
+            assert not refused, "one static node and one cloud node: 2 powered up, the limit"
+
+
 # What check calls refused, checked against the real slurmctld of the release under test.
 RELEASE_SETTINGS = {"PowerAction": as_power_actions,
-                    "SuspendExcStates=DOWN": lambda lines: [*lines, "SuspendExcStates=DOWN"]}
+                    "SuspendExcStates=DOWN": lambda lines: [*lines, "SuspendExcStates=DOWN"],
+                    "NodeName SuspendTime=INFINITE": on_cloud_node_lines("SuspendTime=INFINITE"),
+                    "max_powered_nodes=100": with_slurmctld_parameter("max_powered_nodes=100")}
 
 
 @pytest.mark.slurm
@@ -469,7 +563,8 @@ def test_check_calls_a_setting_refused_exactly_when_the_real_slurmctld_refuses_i
         cluster.restart_slurmctld(clear_state=True)
         refused = ""
     except SlurmCommandError as exc:
-        refused = next((line for line in exc.stderr.splitlines() if setting.split("=")[0] in line), exc.stderr)
+        key = setting.split("=")[0].split()[-1]  # PowerAction, SuspendTime...
+        refused = next((line for line in exc.stderr.splitlines() if key in line), exc.stderr)
     site = release_site(sim, tmp_path / "site", cluster.version)
     rewrite_lines(site.root / "slurm.conf", RELEASE_SETTINGS[setting])
     code, found = findings(site, capsys)

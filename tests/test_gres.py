@@ -88,8 +88,11 @@ def test_gres_conf_lines_bind_each_gpu_node_set_s_devices(gpu_sim, tmp_path, cap
 def test_gres_conf_types_and_counts_are_those_of_the_slurm_conf_lines(gpu_sim, tmp_path, capsys) -> None:
     site = make_setup(tmp_path / "site", gpu_sim.endpoint, AUTH, nodesets=EVERY_KIND)
     conf = printed(capsys, site)
-    assert "NodeName=gpu[01-02] State=CLOUD CPUs=16 RealMemory=124518 Gres=gpu:h100:2 Feature=cloud,h100" in conf
-    assert "NodeName=vgpu[01-02] State=CLOUD CPUs=4 RealMemory=15564 Gres=gpu:1 Feature=cloud" in conf
+    # the three GPU node sets share partition gpu: weighted in their order in the configuration
+    assert ("NodeName=gpu[01-02] State=CLOUD CPUs=16 RealMemory=124518 Gres=gpu:h100:2 Feature=cloud,h100 Weight=10"
+            in conf)
+    assert ("NodeName=vgpu[01-02] State=CLOUD CPUs=4 RealMemory=15564 Gres=gpu:1 Feature=cloud,gpu_nvidia_558 "
+            "Weight=20") in conf
     assert "GresTypes=gpu" in conf
     assert "# the GPUs' devices go in gres.conf beside slurm.conf: slurm-nebula-power slurm-conf --gres-conf" in conf
 

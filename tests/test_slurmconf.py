@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
+import pyone
 import pytest
 from simfixtures import AUTH
+from slurm_findings import finding
 from support import make_setup
 
 from slurm_nebula_power.cli import slurm_conf as slurmconf
+from slurm_nebula_power.config import load_config
 from slurm_nebula_power.errors import EXIT_CONFIG, EXIT_OK
-from slurm_nebula_power.shapes import pci_gpus, template_shape
+from slurm_nebula_power.shapes import model_feature, options_shape, pci_gpus, template_shape
 from slurm_nebula_power.slurmconf import gres_gpu_types, gres_gpus, node_cpus, read_gres_conf, read_slurm_conf
 
 GPU_SETS = """\
@@ -28,6 +32,45 @@ nodes = "cpu[01-02]"
 template = "slurm-cpu-worker"
 gpus = 0
 """
+
+# Two GPU models in one partition (issue 33): the first node set is preferred, the second the fallback; a
+# third names its Feature itself; the CPU node set is alone in its partition.
+MODEL_TEMPLATES = {
+    "slurm-a100": 'CPU = "8"\nVCPU = "8"\nMEMORY = "65536"\n'
+                  'PCI = [ VENDOR = "10de", DEVICE = "20b5", CLASS = "0302" ]\nNIC = [ NETWORK = "slurm-net" ]\n',
+    "slurm-h100": 'CPU = "8"\nVCPU = "8"\nMEMORY = "65536"\n'
+                  + 'PCI = [ VENDOR = "10de", DEVICE = "2330", CLASS = "0302" ]\n' * 2
+                  + 'NIC = [ NETWORK = "slurm-net" ]\n',
+}
+FALLBACK_SETS = """\
+[[nodeset]]
+nodes = "gpa[1-2]"
+template = "slurm-a100"
+
+[[nodeset]]
+nodes = "gpb[1-2]"
+template = "slurm-h100"
+
+[[nodeset]]
+nodes = "cpu[01-02]"
+template = "slurm-cpu-worker"
+gpus = 0
+
+[[nodeset]]
+nodes = "gpc[1-2]"
+template = "slurm-gpu-worker"
+features = "cloud,spare"
+"""
+
+
+def model_site(sim, root, nodesets: str = FALLBACK_SETS):
+    """A deployment whose templates name their GPU model (PCI DEVICE), made in the simulator as its user."""
+    one = pyone.OneServer(sim.endpoint, session=AUTH)
+    known = {t.NAME for t in one.templatepool.info(-2, -1, -1).VMTEMPLATE}
+    for name, body in MODEL_TEMPLATES.items():
+        if name not in known:
+            one.template.allocate(f'NAME = "{name}"\n{body}')
+    return make_setup(root, sim.endpoint, AUTH, nodesets=nodesets)
 
 
 def generated(capsys, env) -> list[str]:
@@ -200,6 +243,64 @@ def test_node_set_options_name_gpu_type_features_and_partition(sim, tmp_path, ca
     assert "ResumeTimeout=900" in lines, "boot_timeout 600 + 300"
 
 
+def test_node_sets_sharing_a_partition_are_weighted_in_their_order_with_their_gpu_model_as_feature(
+        sim, tmp_path, capsys) -> None:
+    site = model_site(sim, tmp_path / "site")
+    assert slurmconf.main([], site.env) == EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if not line.startswith("#")]
+    assert [line for line in lines if line.startswith("NodeName=")] == [
+        "NodeName=gpa[1-2] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:1 Feature=cloud,gpu_10de_20b5 Weight=10",
+        "NodeName=gpb[1-2] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:2 Feature=cloud,gpu_10de_2330 Weight=20",
+        "NodeName=cpu[01-02] State=CLOUD CPUs=4 RealMemory=7782 Feature=cloud",  # alone in its partition
+        "NodeName=gpc[1-2] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:1 Feature=cloud,spare Weight=30"]
+    assert "PartitionName=gpu Nodes=gpa[1-2],gpb[1-2],gpc[1-2] MaxTime=INFINITE State=UP" in lines
+    [said] = [line for line in out if line.startswith("# partition gpu:")]
+    assert said == (f"# partition gpu: gpa[1-2] Weight=10 (cloud,gpu_10de_20b5), gpb[1-2] Weight=20 "
+                    f"(cloud,gpu_10de_2330), gpc[1-2] Weight=30 (cloud,spare), in their order in {site.config}: jobs "
+                    "go to the lowest Weight first; a node set that runs out of GPUs steps out (drained with a "
+                    "nebula: reason) and jobs fall back to the next; --constraint=<feature> pins a model")
+    assert not [line for line in out if "no GPU model feature" in line], "gpc's features option names it"
+
+
+def test_a_node_set_alone_gets_no_weight_and_one_without_a_model_is_said(sim, tmp_path, capsys) -> None:
+    site = model_site(sim, tmp_path / "site", FALLBACK_SETS.replace('features = "cloud,spare"\n', ""))
+    assert slurmconf.main([], site.env) == EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    assert "NodeName=gpc[1-2] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:1 Feature=cloud Weight=30" in out
+    assert ("# gpc[1-2]: no GPU model feature (the template's PCI entry names no DEVICE or PROFILE): set gpu_type to "
+            "pin it with --constraint") in out
+    alone = model_site(sim, tmp_path / "alone", '[[nodeset]]\nnodes = "gpb[1-2]"\ntemplate = "slurm-h100"\n')
+    assert slurmconf.main([], alone.env) == EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    assert "NodeName=gpb[1-2] State=CLOUD CPUs=8 RealMemory=62259 Gres=gpu:2 Feature=cloud,gpu_10de_2330" in out
+    assert not [line for line in out if "Weight" in line]
+
+
+@pytest.mark.parametrize(("vendor", "device", "profile", "feature"), [
+    ("10de", "2330", "", "gpu_10de_2330"), ("10DE", "20B5", "", "gpu_10de_20b5"), ("", "2330", "", "gpu_2330"),
+    ("10de", "", "nvidia-h100-1g.10gb", "gpu_nvidia_h100_1g_10gb"),
+    ("10de", "", "NVIDIA L40S-1B", "gpu_nvidia_l40s_1b"),
+    ("10de", "", "", ""), ("", "", "", ""), ("10de", "x y\n", "", "gpu_10de_x_y"),
+])
+def test_a_gpu_model_feature_is_a_slurm_token(vendor, device, profile, feature) -> None:
+    assert model_feature(vendor, device, profile) == feature
+    assert not feature or (feature.replace("_", "").isalnum() and feature.isascii())
+
+
+def test_a_template_s_gpus_name_a_model_only_when_they_are_all_one(tmp_path) -> None:
+    h100 = {"VENDOR": "10de", "DEVICE": "2330", "CLASS": "0302"}
+    assert template_shape({"PCI": [h100, h100]}, 1).gpu_model == "gpu_10de_2330"
+    assert template_shape({"PCI": [h100, {**h100, "DEVICE": "20b5"}]}, 1).gpu_model == ""
+    assert template_shape({"PCI": [h100, {"VENDOR": "15b3", "DEVICE": "101e", "TYPE": "NIC"}]}, 1).gpu_model == \
+        "gpu_10de_2330"
+    site = make_setup(tmp_path, "http://127.0.0.1:9/RPC2", AUTH, nodesets=(
+        '[[nodeset]]\nnodes = "g[1-2]"\ntemplate = "t"\nvcpu = 8\nmemory_mb = 1000\ngpu_device = "2330"\n'))
+    [nodeset] = load_config(site.config, site.env).nodesets
+    shape = options_shape(nodeset)
+    assert shape is not None and shape.gpu_model == "gpu_10de_2330" and shape.gpus == 1
+
+
 def test_unreadable_template_is_an_error_though_the_node_set_options_describe_it(sim, tmp_path, capsys) -> None:
     # issue 32: a template the user cannot read printed as if fine, exit 0; resume then failed every node
     site = make_setup(tmp_path / "site", sim.endpoint, AUTH, nodesets=(
@@ -257,8 +358,9 @@ OURS = ("resumeprogram", "suspendprogram", "resumefailprogram", "prologslurmctld
         "schedulerparameters", "grestypes", "nodename", "partitionname")
 
 
-@pytest.mark.slurm
-def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_factory) -> None:
+def real_slurmctld_with_the_generated_lines(setup, capsys, slurm_factory):
+    """A real slurmctld of the release under test running the lines slurm-conf prints for that release; the
+    lines."""
     cluster = slurm_factory(nodes=["spare1"])
     major, minor = cluster.version
     setup.set_version(f"slurm {major}.{minor:02d}")  # the lines for the release under test
@@ -267,6 +369,20 @@ def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_fa
             if line.partition("=")[0].strip().lower() not in OURS]
     cluster.conf.write_text("\n".join(kept + lines) + "\n")
     cluster.restart_slurmctld(clear_state=True)
+    return cluster, lines
+
+
+def our_errors(cluster) -> list[str]:
+    """slurmctld's log lines with an error about power saving, programs, GRES or nodes."""
+    errors = [line for line in cluster.log_text("slurmctld.log").lower().splitlines() if "error" in line]
+    # Harmless on this machine: pmix missing, fresh state files, no Default=YES partition (a site has one).
+    words = ("power", "program", "gres", "node", "invalid", "feature", "weight")
+    return [line for line in errors if any(w in line for w in words)]
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_factory) -> None:
+    cluster, lines = real_slurmctld_with_the_generated_lines(setup, capsys, slurm_factory)
     gpu = cluster.node_info("gpu05")
     assert gpu["State"] == "IDLE+CLOUD+POWERED_DOWN"
     assert (gpu["CPUTot"], gpu["RealMemory"], gpu["Gres"]) == ("8", "62259", "gpu:1")
@@ -278,13 +394,37 @@ def test_real_slurmctld_accepts_the_generated_lines(sim, setup, capsys, slurm_fa
     scheduler = [line.split("=", 1)[1].strip() for line in config.splitlines()
                  if line.startswith("SchedulerParameters ")]
     assert scheduler == (expected or ["(null)"]), scheduler
-    errors = [line for line in cluster.log_text("slurmctld.log").lower().splitlines() if "error" in line]
-    # Harmless on this machine: pmix missing, fresh state files, no Default=YES partition (a site has one).
-    words = ("power", "program", "gres", "node", "invalid")
-    ours = [line for line in errors if any(w in line for w in words)]
-    assert ours == []
+    assert our_errors(cluster) == []
     parts = cluster.run("sinfo", "-h", "-o", "%P %D").stdout.split()
     assert parts == ["gpu", "8", "cloud", "4"]
+
+
+@pytest.mark.slurm
+def test_real_slurmctld_takes_the_weights_and_model_features_of_node_sets_sharing_a_partition(
+        sim, tmp_path, capsys, slurm_factory) -> None:
+    """Issue 33: two GPU models in one partition. slurmctld takes each node set's Weight and GPU model
+    Feature; a job goes to the lowest Weight, and --constraint=<model> pins the other (sbatch --test-only:
+    where slurmctld would start it, nothing powered up)."""
+    site = model_site(sim, tmp_path / "site")
+    cluster, _ = real_slurmctld_with_the_generated_lines(site, capsys, slurm_factory)
+    seen = {node: cluster.node_info(node) for node in ("gpa1", "gpb2", "gpc1", "cpu01")}
+    assert {node: (info["Weight"], info["AvailableFeatures"]) for node, info in seen.items()} == {
+        "gpa1": ("10", "cloud,gpu_10de_20b5"), "gpb2": ("20", "cloud,gpu_10de_2330"),
+        "gpc1": ("30", "cloud,spare"), "cpu01": ("1", "cloud")}
+    assert seen["gpb2"]["State"] == "IDLE+CLOUD+POWERED_DOWN" and seen["gpb2"]["Gres"] == "gpu:2"
+    assert our_errors(cluster) == []
+
+    def starts_on(*args: str) -> str:
+        done = cluster.run("sbatch", "--test-only", "--partition=gpu", "--nodes=2", "--gres=gpu:1", *args,
+                           "--wrap=true", check=False)
+        found = re.search(r" on nodes (\S+)", done.stdout + done.stderr)
+        finding(f"sbatch --test-only {' '.join(['--nodes=2', *args])} over gpa (Weight 10), gpb (20), gpc (30)",
+                (done.stdout + done.stderr).strip())
+        return found.group(1) if found else (done.stdout + done.stderr).strip()
+
+    assert starts_on() == "gpa[1-2]"
+    assert starts_on("--constraint=gpu_10de_2330") == "gpb[1-2]"
+    assert starts_on("--gres=gpu:2") == "gpb[1-2]"  # only gpb's nodes have two GPUs
 
 
 @pytest.mark.parametrize("flag", [[], ["--gres-conf"]], ids=["slurm.conf", "gres.conf"])
