@@ -17,8 +17,10 @@ from .config import Config
 from .errors import PowerError, SlurmError, SlurmUnreachable
 from .hostlists import expand, fold
 from .model import printable
+from .nodestate import OFF, OTHER, STARTING, STOPPING, UP, UP_STATES, NodeState
 
 log = logging.getLogger(__name__)
+__all__ = ["OFF", "OTHER", "STARTING", "STOPPING", "UP", "UP_STATES", "NodeState"]  # nodestate.py's, for callers
 
 BATCH = 256  # nodes per scontrol update: keeps argv well under ARG_MAX for any node-name length
 SEARCH_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"))
@@ -47,89 +49,11 @@ class SlurmControl(Protocol):
     def set_down(self, nodes: Sequence[str], reason: str) -> None:
         """Mark nodes whose guest is gone DOWN, so their jobs requeue without waiting for the dead slurmd."""
 
+    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        """These nodes as slurmctld shows them ({} without a controller); SlurmError when it cannot be asked."""
 
-# Base states of a node that serves jobs (scontrol's State= before the first '+').
-UP_STATES = ("IDLE", "ALLOCATED", "MIXED", "COMPLETING")
-# Where a node is in Slurm's power cycle.
-OFF, STOPPING, STARTING, UP, OTHER = "off", "stopping", "starting", "up", "other"
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """A node as `scontrol show node -o` reports it, interpreted once: every caller uses these predicates."""
-
-    name: str
-    state: str  # e.g. IDLE+CLOUD+POWERED_DOWN, DOWN*+CLOUD (the * marks a node not responding)
-    reason: str = ""
-    addr: str = ""
-
-    @property
-    def base(self) -> str:
-        """The base state without the suffix scontrol/sinfo append (DOWN* -> DOWN, IDLE~ -> IDLE)."""
-        return self.state.split("+", 1)[0].rstrip("*~#%!$@^-").upper()
-
-    @property
-    def flags(self) -> set[str]:
-        """The state's words: base state and flags."""
-        return set(self.state.upper().replace("*", "").split("+"))
-
-    @property
-    def is_powering_up(self) -> bool:
-        """Its power-up (resume) is in progress."""
-        return "POWERING_UP" in self.flags
-
-    @property
-    def is_powered_down(self) -> bool:
-        """Powered down: no VM should run for it."""
-        return "POWERED_DOWN" in self.flags
-
-    @property
-    def is_powering_down(self) -> bool:
-        """On its way down, or a power-down is queued for it."""
-        return bool(self.flags & {"POWERING_DOWN", "POWER_DOWN"})
-
-    @property
-    def is_down(self) -> bool:
-        """DOWN (not responding or not, DOWN* included)."""
-        return self.base == "DOWN"
-
-    @property
-    def is_drained(self) -> bool:
-        """DRAIN among its flags."""
-        return "DRAIN" in self.flags
-
-    @property
-    def is_up(self) -> bool:
-        """Serving jobs: IDLE, ALLOCATED, MIXED or COMPLETING, with no power transition under way."""
-        return self.phase == UP
-
-    @property
-    def phase(self) -> str:
-        """OFF | STOPPING | STARTING | UP | OTHER (DOWN, FUTURE, ...)."""
-        if self.is_powering_up:
-            return STARTING
-        if self.is_powered_down:
-            return OFF
-        if self.is_powering_down:
-            return STOPPING
-        return UP if self.base in UP_STATES else OTHER
-
-    @property
-    def is_lost_to_job(self) -> bool:
-        """It can no longer serve the job it was resumed for: DOWN (ResumeTimeout, or a DOWN set by hand),
-        DRAIN or FAIL (slurmctld requeues the job), powering down, or IDLE with a power-down flag (the
-        POWER_DOWN_FORCE hand-back: no longer allocated to the job).
-        Not the Reason: a node handed back earlier keeps its "nebula: ..." reason until it registers again."""
-        flags, base = self.flags, self.base
-        if base in ("DOWN", "FAIL") or flags & {"DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING"}:
-            return True
-        return "POWERING_DOWN" in flags or (base == "IDLE" and bool(flags & {"POWER_DOWN", "POWERED_DOWN"}))
-
-    @property
-    def is_registering(self) -> bool:
-        """Still on its way to serving a job: powering up, powered down, not responding, UNKNOWN or FUTURE."""
-        return bool(self.flags & {"POWERING_UP", "POWER_UP", "POWERED_DOWN", "NOT_RESPONDING"}) or \
-            self.base in ("UNKNOWN", "FUTURE")
+    def set_resume(self, nodes: Sequence[str]) -> None:
+        """Return down~ nodes to service (State=RESUME): idle and powered down, ready for the next job."""
 
 
 def find_scontrol(config: Config | None, environ: Mapping[str, str]) -> Path:
@@ -253,11 +177,17 @@ class Scontrol:
         Not State=DOWN ResumeAfter=...: on a POWERING_UP node (24.11, 26.05) the job requeues, but the node
         stays POWERING_UP and unusable until ResumeTimeout, then turns DOWN+POWERED_DOWN "ResumeTimeout
         reached" for good (its ResumeAfter has fired by then): out of use until an admin's state=resume.
+        From 25.05 `scontrol power down force <nodes> Reason=...`, which 26.05's scontrol(1) has replace the
+        update form (the same requeue and power-down: docs/SLURM-FINDINGS.md).
         """
         text = printable(REASON_PREFIX + reason)[:200]  # one line: a newline would forge a record
         for start in range(0, len(nodes), BATCH):
             names = fold(nodes[start:start + BATCH])
-            self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
+            if self.version() >= (25, 5):
+                log.info("scontrol power down force %s Reason=%s", names, text)
+                self.run("power", "down", "force", names, f"Reason={text}")
+            else:
+                self.update(f"NodeName={names}", "State=POWER_DOWN_FORCE", f"Reason={text}")
 
     def set_drain(self, nodes: Sequence[str], reason: str | None) -> None:
         """State=DRAIN with Reason="nebula: <reason>": running jobs finish, no new job starts, and an idle
@@ -282,6 +212,12 @@ class Scontrol:
         text = printable(REASON_PREFIX + reason)[:200]
         for start in range(0, len(nodes), BATCH):
             self.update(f"NodeName={fold(nodes[start:start + BATCH])}", "State=DOWN", f"Reason={text}")
+
+    def set_resume(self, nodes: Sequence[str]) -> None:
+        """State=RESUME: a DOWN+POWERED_DOWN node (ResumeTimeout reached, no VM) becomes IDLE+POWERED_DOWN on
+        22.05, 24.11 and 26.05, and is allocated again (tests/releases/probe_slurm.py)."""
+        for start in range(0, len(nodes), BATCH):
+            self.update(f"NodeName={fold(nodes[start:start + BATCH])}", "State=RESUME")
 
     def registered(self, nodes: Sequence[str]) -> set[str]:
         """Those of these nodes that serve jobs now (one `scontrol show node`); none when it fails."""
@@ -310,6 +246,10 @@ class Scontrol:
             log.warning("could not confirm the addresses of %s with slurmctld: %s", fold(sorted(addresses)), exc)
             return []
         return sorted(lost)
+
+    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        """These nodes as slurmctld shows them (show_nodes)."""
+        return self.show_nodes(nodes)
 
     def show_all_nodes(self) -> dict[str, NodeState]:
         """Every node slurmctld shows (one `scontrol show node -o`); SlurmError when it cannot be asked."""
@@ -383,10 +323,18 @@ class PrintedSlurm:
         """No controller: nothing was lost."""
         return []
 
+    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        """No controller: no node to show."""
+        return {}
+
     def set_drain(self, nodes: Sequence[str], reason: str | None) -> None:
         """Show the drain (or undrain)."""
         self._show(f"NodeName={fold(nodes)}", *(["State=UNDRAIN"] if reason is None else
                                                 ["State=DRAIN", f"Reason={REASON_PREFIX}{reason}"]))
+
+    def set_resume(self, nodes: Sequence[str]) -> None:
+        """Show the return to service."""
+        self._show(f"NodeName={fold(nodes)}", "State=RESUME")
 
     def set_down(self, nodes: Sequence[str], reason: str) -> None:
         """Show the DOWN."""

@@ -20,6 +20,7 @@ import json
 import logging
 import secrets
 import stat
+import subprocess
 import sys
 import textwrap
 import threading
@@ -39,6 +40,7 @@ BIN = Path(sys.executable).parent
 RESUME = BIN / "slurm-nebula-resume"
 SUSPEND = BIN / "slurm-nebula-suspend"
 RESUME_FAIL = BIN / "slurm-nebula-resume-fail"
+POWER = BIN / "slurm-nebula-power"
 
 DONE = 6  # OpenNebula VM STATE DONE
 PENDING = 1
@@ -261,6 +263,16 @@ class E2E:
         self.wait(lambda: all(self.cluster.sinfo_state(n) == state for n in nodes), timeout,
                   f"{','.join(nodes)} {state} (now {[self.cluster.sinfo_state(n) for n in nodes]})")
 
+    def wait_powered_down(self, nodes: Iterable[str], timeout: float) -> None:
+        """Wait until every node is idle~, or drain~ with our out-of-service Reason (its node set short of
+        GPUs steps out of Slurm's way: stepout.py)."""
+        def down(node: str) -> bool:
+            state = self.cluster.sinfo_state(node)
+            return state == "idle~" or (state == "drained~" and self.cluster.node_info(node).get(
+                "Reason", "").startswith("nebula: out of service"))
+        nodes = list(nodes)
+        self.wait(lambda: all(down(n) for n in nodes), timeout, f"{','.join(nodes)} idle~ or stepped out (drained~)")
+
     def wait_no_live_vms(self, timeout: float) -> None:
         """Wait until every VM is DONE."""
         self.wait(lambda: not self.live_vms(), timeout, "every VM DONE")
@@ -287,13 +299,16 @@ def start_e2e(
     power_extra: str = "",
     nodeset_extra: str = "",
     sim_hosts: Any = None,
+    templates: Any = None,
+    nodesets: str | None = None,
     **cluster_kw: Any,
 ) -> E2E:
     """Start slurmctld (our installed programs as its power programs), the simulator and the configuration.
 
     Timings by default: SuspendTime 4, SuspendTimeout 6 ([power] suspend_timeout 5), ResumeTimeout 60
     (ten times boot_timeout 6: in a full run the simulated guest, the hook that starts slurmd, once began
-    26 s after its VM was RUNNING), cred_expire 5.
+    26 s after its VM was RUNNING), cred_expire 5. `templates` (the simulator's) and `nodesets` (the
+    configuration's [[nodeset]] tables) replace the one GPU template and the one node set of `nodes`.
     """
     for program in (RESUME, SUSPEND, RESUME_FAIL):
         assert program.is_file(), f"{program} missing: install the package (pip install -e .)"
@@ -321,7 +336,8 @@ def start_e2e(
 
     auth = f"oneadmin:{secrets.token_hex(8)}"
     sim_cfg = SimConfig(hosts=sim_hosts or gpu_hosts(hosts, gpus_per_host), durations=durations, tick_seconds=0.02,
-                        on_running=(str(hook),), on_stopped=(str(hook),))
+                        on_running=(str(hook),), on_stopped=(str(hook),),
+                        **({"templates": templates} if templates is not None else {}))
     sim = Simulator(sim_cfg, auth=auth).start()
     auth_file = base / "one_auth"
     auth_file.write_text(auth + "\n")
@@ -347,11 +363,12 @@ def start_e2e(
         poll_max = 0.5
         {power_extra}
 
+        """) + (nodesets if nodesets is not None else textwrap.dedent(f"""\
         [[nodeset]]
         nodes = "{','.join(nodes)}"
         template = "slurm-gpu-worker"
         boot_timeout = {boot_timeout}
-        """) + textwrap.dedent(nodeset_extra))
+        """) + textwrap.dedent(nodeset_extra)))
     env = E2E(cluster=cluster, sim=sim, config=config, hook_dir=hook_dir, boot_timeout=boot_timeout,
               _handler=handler)
     env.watch_vms()
@@ -374,3 +391,22 @@ class Stopwatch:
 
     def __call__(self) -> float:
         return time.monotonic() - self.start
+
+
+HAND_BACK_LINE = r"scontrol (?:update NodeName=\S+ State=POWER_DOWN_FORCE|power down force \S+) Reason=.*"
+
+
+def hand_back_line(env: E2E, names: str, reason: str) -> str:
+    """The log line of our hand-back of `names`: `scontrol power down force` from 25.05 (slurm.Scontrol)."""
+    if env.cluster.version >= (25, 5):
+        return f"scontrol power down force {names} Reason={reason}"
+    return f"scontrol update NodeName={names} State=POWER_DOWN_FORCE Reason={reason}"
+
+
+def reconcile(env: E2E, *args: str) -> list[str]:
+    """`slurm-nebula-power reconcile ARGS` as its timer or the operator runs it (config found beside SLURM_CONF);
+    its output lines."""
+    proc = subprocess.run([str(POWER), "reconcile", *args], env=env.cluster.env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.splitlines()
