@@ -79,6 +79,7 @@ class Shortage:
     free: int | None
     reason: str
     requests: tuple[Mapping[str, str], ...] = field(default=())
+    wanted: int = 0  # the devices the run that met it wanted (0: one VM's)
 
     def age(self, now: float) -> float:
         """Seconds since it was seen."""

@@ -102,6 +102,7 @@ class PowerConfig:
     shortage_cooldown: int = SHORTAGE_COOLDOWN
     protect_after: int = PROTECT_AFTER  # 0: never protected
     protect_for: float = float(PROTECT_FOR)
+    return_any_down: bool = False  # reconcile returns down~ nodes whatever their Reason (default: ours only)
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "shortage_cooldown": Key((int,), SHORTAGE_COOLDOWN, positive),
         "protect_after": Key((int,), PROTECT_AFTER, _not_negative),
         "protect_for": Key(NUMBER, float(PROTECT_FOR), positive),
+        "return_any_down": Key((bool,), False),
     },
     "nodeset": {
         "nodes": Key((str,)),

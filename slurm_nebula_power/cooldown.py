@@ -74,14 +74,15 @@ class ShortageLog(NodeSetFiles[Shortage]):
         free = data.get("free")
         return Shortage(nodes=nodes, at=float(data["at"]), kind=str(data["kind"]),
                         free=None if free is None else int(free), reason=str(data.get("reason", ""))[:200],
-                        requests=tuple({str(k): str(v) for k, v in r.items()} for r in data.get("requests", [])))
+                        requests=tuple({str(k): str(v) for k, v in r.items()} for r in data.get("requests", [])),
+                        wanted=max(0, int(data.get("wanted", 0))))
 
     def record(self, nodes: str, kind: str, free: int | None, reason: str,
-               requests: Sequence[Mapping[str, str]]) -> Shortage:
+               requests: Sequence[Mapping[str, str]], wanted: int = 0) -> Shortage:
         """Write a node set's shortage (atomically); errors are logged, never raised."""
-        shortage = Shortage(nodes, self.clock(), kind, free, reason, tuple(requests))
+        shortage = Shortage(nodes, self.clock(), kind, free, reason, tuple(requests), wanted)
         body = {"nodes": nodes, "at": shortage.at, "kind": kind, "free": free, "reason": reason,
-                "requests": [dict(r) for r in requests]}
+                "requests": [dict(r) for r in requests], "wanted": wanted}
         path = self.path(nodes)
         try:
             make_directory(self.directory, self.owner)

@@ -13,7 +13,10 @@ Repairs (diagnose decides, reconcile acts):
   - VM running on a host OpenNebula marks DISABLED or OFFLINE (maintenance) while its node is up -> drain
     the node (its jobs finish, no new one starts, the Reason names the host); once idle, Slurm powers it
     down as usual and its next VM goes to another host;
-  - node drained by that rule whose VM is gone or whose host takes VMs again -> undrain it.
+  - node drained by that rule whose VM is gone or whose host takes VMs again -> undrain it;
+  - node left down~ (DOWN and powered down: ResumeTimeout reached, or a hand-back on a release that leaves
+    it down) with no VM of ours, its Reason ours or slurmctld's "ResumeTimeout reached" ([power]
+    return_any_down: any Reason) -> return it to service (State=RESUME), logging the Reason it replaces.
 Foreign VMs (without our tags) are never looked at. A node whose lock is held by a running resume or
 suspend is skipped; the others are planned again after their locks are taken, from a fresh Slurm then
 OpenNebula read, so a suspend or resume that ran in between is never undone.
@@ -102,6 +105,7 @@ class Repair:
     drain: bool = False  # State=DRAIN with the reason: jobs finish, no new one starts
     down: bool = False  # State=DOWN before the hand-back: its guest is gone, its job must not wait for it
     undrain: bool = False  # State=UNDRAIN: our drain is over
+    back: bool = False  # State=RESUME: a down~ node with no VM returns to service
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,30 @@ def impostor_problem(vm: Vm) -> str:
             "(made by hand, or not by this cluster): left alone, remove it with onevm terminate if it is a leak")
 
 
-def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True) -> Diagnosis:
+RESUME_TIMEOUT = "ResumeTimeout reached"  # slurmctld's Reason for a node that never registered
+
+
+def returnable(reason: str, any_reason: bool = False) -> bool:
+    """Whether reconcile may return a down~ node with this Reason: ours, slurmctld's ResumeTimeout alone, or
+    (any_reason) whatever it says. scontrol appends " [user@time]"; slurmctld appends " : ResumeTimeout
+    reached" to a Reason already there, so an administrator's Reason keeps its node down."""
+    text = reason.rsplit(" [", 1)[0].strip() if reason.endswith("]") else reason.strip()
+    return any_reason or text.startswith(REASON_PREFIX) or text == RESUME_TIMEOUT
+
+
+def _left_down(view: NodeView, st: NodeState, any_reason: bool, problems: list[str]) -> Repair | None:
+    """The return of a down~ node no VM of ours serves (the module docstring), or None."""
+    if not (st.is_down and st.is_powered_down and not st.is_drained and not view.vms):
+        return None
+    if not returnable(st.reason, any_reason):
+        problems.append("left down: its Reason is not ours (an administrator's; [power] return_any_down "
+                        "returns it)")
+        return None
+    return Repair((), False, f"returned to service (was: {st.reason or 'no reason'})", back=True)
+
+
+def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True, any_reason: bool = False,
+             ) -> Diagnosis:
     """What is wrong with one node; the repair follows the reconcile rules (the module docstring)."""
     nodeset, vm, st = view.nodeset, view.vm, view.slurm
     if nodeset is None:
@@ -154,7 +181,7 @@ def diagnose(view: NodeView, now: float, grace: float, slurm_asked: bool = True)
     where = st.phase
     if st.is_down or st.is_drained:
         problems.append(f"Slurm {'DOWN' if st.is_down else 'DRAIN'}: {st.reason or 'no reason given'}")
-    found = _host_trouble(view, st, where, problems)
+    found = _host_trouble(view, st, where, problems) or _left_down(view, st, any_reason, problems)
     if found is not None and not (found.undrain and where == OFF):
         return Diagnosis(tuple(problems), found)
     if vm is not None and vm.ip and where in (UP, STARTING) and st.addr not in ("", view.node, vm.ip):
@@ -243,6 +270,8 @@ def describe(repair: Repair) -> str:
         parts.append("drain in Slurm")
     if repair.undrain:
         parts.append("undrain in Slurm")
+    if repair.back:
+        parts.append("return to service in Slurm")
     return " and ".join(parts)
 
 
@@ -256,7 +285,8 @@ def _plan(ctx: Context, read_states: Callable[[], Mapping[str, NodeState]], node
             for vm in view.impostors:  # reported every run, never acted on
                 log.warning("node=%s vm=%d: %s", view.node, vm.id, impostor_problem(vm))
                 emit(f"{view.node}: {impostor_problem(vm)}")
-    return [(view, diagnose(view, now, ctx.config.power.reconcile_grace)) for view in views]
+    power = ctx.config.power
+    return [(view, diagnose(view, now, power.reconcile_grace, any_reason=power.return_any_down)) for view in views]
 
 
 def _repairs(found: list[tuple[NodeView, Diagnosis]]) -> list[tuple[NodeView, Diagnosis]]:
@@ -313,15 +343,18 @@ def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outco
         failed.update({node: reason for reason, nodes in down.failed.items() for node in nodes})
     by_reason: dict[tuple[str, str], list[str]] = defaultdict(list)
     for node, repair in repairs.items():
-        kind = "hand back" if repair.hand_back else "drain" if repair.drain else "undrain" if repair.undrain else ""
+        kind = "hand back" if repair.hand_back else "drain" if repair.drain else "undrain" if repair.undrain else \
+            "return" if repair.back else ""
         if kind:
-            by_reason[(kind, "" if kind == "undrain" else repair.reason)].append(node)
+            by_reason[(kind, "" if kind in ("undrain", "return") else repair.reason)].append(node)
     for (kind, reason), nodes in by_reason.items():
         try:
             if kind == "hand back":
                 if any(repairs[node].down for node in nodes):
                     ctx.slurm.set_down(nodes, f"reconcile: {reason}")
                 ctx.slurm.hand_back(nodes, f"reconcile: {reason}")
+            elif kind == "return":
+                ctx.slurm.set_resume(nodes)
             else:
                 ctx.slurm.set_drain(nodes, reason if kind == "drain" else None)
         except SlurmError as exc:
@@ -330,6 +363,9 @@ def _repair(ctx: Context, todo: list[tuple[NodeView, Diagnosis]], outcome: Outco
             continue
         for node in nodes if kind == "hand back" else ():
             ctx.recorder.record("handed_back", node, reason=f"reconcile: {reason}")
+        for node in nodes if kind == "return" else ():
+            log.warning("node=%s %s", node, repairs[node].reason)
+            ctx.recorder.record("returned", node, reason=repairs[node].reason)
     for node, repair in repairs.items():
         if node in failed:
             outcome.fail(node, failed[node])

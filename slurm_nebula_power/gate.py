@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 
 from .admission import COUNT, PLACEMENT, QUOTA, Need, admit, may_retry
 from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
-from .config import NodeSet
+from .config import Config, NodeSet
 from .cooldown import ShortageLog
 from .domains import hosts_of_domain, requirement
 from .errors import (
@@ -53,6 +53,8 @@ class Gate:
         self.requests: dict[int, Requests] = {}  # id(nodeset) -> the GPUs one of its VMs needs
         self.placing: dict[int, str] = {}  # id(nodeset) -> the SCHED_REQUIREMENTS of its domain
         self.shortages = ShortageLog(ctx.config.power.lock_dir, owner=ctx.owner)
+        self.short: dict[int, NodeSet] = {}  # id(nodeset) -> the node sets short in this run (or cooling)
+        self.lifted: dict[int, NodeSet] = {}  # id(nodeset) -> the node sets whose cooldown this run lifted
         self._hosts: list[Host] | None = None
         self._hosts_read = False
 
@@ -121,14 +123,16 @@ class Gate:
         shortage = self.shortages.read(nodeset.nodes_expr)
         if shortage is None or shortage.age(now) >= cooldown:
             return None
-        requests = tuple(_request(r) for r in shortage.requests)
+        requests = tuple(pci_request(r) for r in shortage.requests)
         hosts = self.hosts() if requests else None
         free = None if hosts is None else Pool(hosts).free(requests, self.where(nodeset, hosts))
         if may_retry(shortage, free, count * len(requests)):
             log.info("node set %s: %s GPUs %s free, cooldown lifted", nodeset.nodes_expr, free, label(requests))
             self.shortages.clear(nodeset.nodes_expr)
+            self.lifted[id(nodeset)] = nodeset
             return None
         now_free = "" if free is None else f", {free} free now"
+        self.short[id(nodeset)] = nodeset
         return f"cooldown {cooldown - shortage.age(now):.0f}s left after {shortage.reason}{now_free}"
 
     # -- after the plan, before starting --
@@ -163,10 +167,7 @@ class Gate:
 
     def where(self, nodeset: NodeSet, hosts: Sequence[Host]) -> frozenset[int] | None:
         """The ids of the hosts a VM of this node set may run on (its domain's), or None: any host."""
-        attribute = self.ctx.config.opennebula.domain_attribute
-        if nodeset.domain is None or attribute is None:
-            return None
-        return frozenset(host.id for host in hosts_of_domain(hosts, attribute, nodeset.domain))
+        return domain_hosts(self.ctx.config, nodeset, hosts)
 
     def _need(self, node: str, nodeset: NodeSet, plan: Plan, hosts: list[Host]) -> Need:
         """What a node's plan needs anew (on the hosts of its domain, if it has one)."""
@@ -190,8 +191,10 @@ class Gate:
             requests = self.requests.get(id(nodeset), ())
             reason = next(refused[node] for node, ns, _ in plans if ns is nodeset and node in refused)
             free = pool.free(requests, self.where(nodeset, hosts))
+            wanted = len(requests) * sum(1 for node, ns, _ in plans if ns is nodeset and node in refused)
             self.shortages.record(nodeset.nodes_expr, COUNT, free, f"GPU shortage ({reason})",
-                                  [_plain(r) for r in requests])
+                                  [_plain(r) for r in requests], wanted)
+            self.short[id(nodeset)] = nodeset
 
     # -- while watching --
 
@@ -208,6 +211,7 @@ class Gate:
             seen = "" if free is None else f" although {free} free"
             reason = f"not placed within pending_timeout {nodeset.pending_timeout:g}s{seen} (oned: {oned})"
         self.shortages.record(nodeset.nodes_expr, PLACEMENT, free, reason, [_plain(r) for r in requests])
+        self.short[id(nodeset)] = nodeset
         return reason
 
     def unplaced_all(self, unplaced: Sequence[tuple[P, Vm]]) -> dict[str, list[P]]:
@@ -226,6 +230,7 @@ class Gate:
         host pool), so Slurm's next resume of these nodes is handed back at once, with no call to oned."""
         reason = f"OpenNebula quota: {exc.quota}"
         self.shortages.record(nodeset.nodes_expr, QUOTA, None, reason, [])
+        self.short[id(nodeset)] = nodeset
         return reason
 
     def drag(self, lost: Sequence[str]) -> dict[str, str]:
@@ -240,7 +245,16 @@ class Gate:
         return f"all-or-nothing: job {job} cannot start whole ({fold(culprits)} cannot start)"
 
 
-def _request(data: Mapping[str, str]) -> PciRequest:
+def domain_hosts(config: Config, nodeset: NodeSet, hosts: Sequence[Host]) -> frozenset[int] | None:
+    """The ids of the hosts a VM of this node set may run on (its domain's), or None: any host."""
+    attribute = config.opennebula.domain_attribute
+    if nodeset.domain is None or attribute is None:
+        return None
+    return frozenset(host.id for host in hosts_of_domain(hosts, attribute, nodeset.domain))
+
+
+def pci_request(data: Mapping[str, str]) -> PciRequest:
+    """A PCI request from its plain form (a shortage file's)."""
     return PciRequest(**{k: v for k, v in data.items() if k in PciRequest.__dataclass_fields__})
 
 

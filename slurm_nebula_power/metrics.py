@@ -60,6 +60,7 @@ GAUGES = {
     "gpus_free": "GPUs free on the cloud's hosts (one.hostpool.info, by reconcile)",
     "gpus_total": "GPUs on the cloud's hosts (one.hostpool.info, by reconcile)",
     "drift_nodes": "nodes the last reconcile found drifting (a repair was due)",
+    "nodesets_out": "node sets stepped out of Slurm's way for a GPU shortage (their nodes drained), by reconcile",
 }
 LABELLED_GAUGES = {
     "gpus_held_by_slurm_state": ("state", "GPUs held by our live VMs by their node's Slurm state "

@@ -20,8 +20,11 @@ SCHEMA = 1
 # created: instantiate returned an id; resumed: an off (or held) VM was resumed (released);
 # running: first seen RUNNING, with its host and GPUs; failed: the VM (or its node) could not start;
 # handed_back: the node was given back to Slurm; off: powered off or undeployed (suspend_action);
-# removed: terminated (seen DONE, or the removal call succeeded where no confirmation is awaited).
-EVENTS = ("created", "resumed", "running", "failed", "handed_back", "off", "removed")
+# removed: terminated (seen DONE, or the removal call succeeded where no confirmation is awaited);
+# stepped_out / stepped_in: the node was drained as its node set stepped out of Slurm's way, or undrained
+# as it stepped back in (stepout.py); returned: reconcile returned a down~ node with no VM to service.
+EVENTS = ("created", "resumed", "running", "failed", "handed_back", "off", "removed", "stepped_out", "stepped_in",
+          "returned")
 REASON_LENGTH = 200  # characters of a reason kept in a record (a record stays far below 4 KiB)
 MOST_GPUS = 16  # PCI devices kept per record
 FIELD_LENGTH = 80  # characters kept of any other text field (host, state, a GPU's address...): oned's

@@ -31,6 +31,7 @@ from .pacing import Pacer, Waves, pending_floor, placing
 from .placement import jobs_first
 from .plan import Plan, extra_template, plan_resume
 from .protect import Guard
+from .stepout import after_resume
 
 log = logging.getLogger(__name__)
 PACING_POLL = 0.5  # seconds between pool queries at most while nodes wait for max_pending
@@ -54,8 +55,9 @@ def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]
             boots.append(Boot(node, nodeset, start + nodeset.boot_timeout))
     if not boots:
         return outcome
+    run = _Resume(ctx, jobs, outcome)
     try:
-        _Resume(ctx, jobs, outcome).run(boots)
+        run.run(boots)
     except BaseException:
         # Fail safe: whatever went wrong, nobody waits for ResumeTimeout.
         left = [b.node for b in boots if b.node not in outcome.done and b.node not in outcome.failed_nodes]
@@ -63,6 +65,8 @@ def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]
         if left:
             hand_back(ctx, outcome, left, "internal error in resume, see nebula-power log")
         raise
+    gate = run.gate
+    after_resume(ctx, gate.short.values(), gate.lifted.values(), gate.hosts_read, read=gate.hosts_read() is not None)
     return outcome
 
 

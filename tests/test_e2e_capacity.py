@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from e2e_support import DONE, E2E, Stopwatch, job_script
+from e2e_support import DONE, E2E, HAND_BACK_LINE, Stopwatch, hand_back_line, job_script
 
 from opennebula_sim import HostSpec
 from opennebula_sim.config import default_pci
@@ -43,10 +43,11 @@ def test_a_4_node_job_on_3_free_gpus_is_handed_back_whole_in_seconds_holding_no_
     why = f"job {job}: needs 4 GPUs 10de:0302, 3 free"
     env.wait(lambda: summaries(env, "slurm-nebula-resume"), 5, "resume finished")
     assert summaries(env, "slurm-nebula-resume")[0] == f"gpu[01-04]: 0 done, 4 failed ({why}: gpu[01-04])"
-    [hand_back] = re.findall(r"scontrol update NodeName=\S+ State=\S+ Reason=.*", env.program_log_text())[:1]
-    assert hand_back == f"scontrol update NodeName=gpu[01-04] State=POWER_DOWN_FORCE Reason=nebula: {why}"
-    for node in FOUR:
-        assert c.node_info(node)["Reason"].startswith(f"nebula: {why} ["), c.node_info(node)
+    [hand_back] = re.findall(HAND_BACK_LINE, env.program_log_text())[:1]
+    assert hand_back == hand_back_line(env, "gpu[01-04]", f"nebula: {why}")
+    for node in FOUR:  # the hand-back's Reason, or the step-out's that quotes it (SuspendProgram's drain)
+        reason = c.node_info(node)["Reason"]
+        assert reason.startswith(("nebula: " + why, "nebula: out of service since ")) and why in reason, reason
     assert env.sim.vms() == [], "no VM was created"
     assert calls(env, "one.template.instantiate") == 0
     assert env.gpus_free() == env.gpus_total() == 3, "no GPU is held for the requeued job"
@@ -54,7 +55,7 @@ def test_a_4_node_job_on_3_free_gpus_is_handed_back_whole_in_seconds_holding_no_
     c.run("scancel", str(job))
     # Slurm 26.05.5 may first try to reach the powered-down nodes by name, and retries a name that does not
     # resolve ten times a second apart, per node (seen in CI: 10 s a node, sinfo timing out meanwhile).
-    env.wait_nodes(FOUR, "idle~", timeout=30 + 10 * len(FOUR))
+    env.wait_powered_down(FOUR, timeout=30 + 10 * len(FOUR))
     assert env.sim.vms() == []
 
 
@@ -78,12 +79,14 @@ def test_a_gpu_taken_after_the_count_is_caught_by_pending_timeout_and_the_job_ha
     held = [vm for h in env.sim.hosts() for vm in h.gpu_holders.values() if vm is not None]
     assert [env.sim.vm(vm).name for vm in held] == ["other"], "no GPU of ours held for the requeued job"
     c.run("scancel", str(job))
-    env.wait_nodes(FOUR, "idle~", timeout=30)
+    env.wait_powered_down(FOUR, timeout=30)
 
 
-def test_on_22_05_a_shortage_makes_no_vm_churn_during_the_cooldown(e2e) -> None:
+def test_a_shortage_steps_the_node_set_out_so_the_requeued_job_makes_no_storm(e2e) -> None:
     # One GPU the count sees as free, on a host without the memory a GPU VM needs: oned never places it.
-    # Without a cooldown, each of 22.05's re-resumes would create a VM and terminate it at pending_timeout.
+    # Before issue 33 the requeued job resumed gpu01 again and again (22.05 has no ResumeAfter), each handed
+    # back by the cooldown; now SuspendProgram drains gpu01 as it powers down (the node set is short), so
+    # slurmctld no longer allocates it and the job waits instead of bouncing.
     small = HostSpec("small", memory_kb=32 * 1024 * 1024, pci=default_pci(1, 0))
     env = e2e(nodes=("gpu01",), sim_hosts=(small,), boot_timeout=BOOT_TIMEOUT, resume_timeout=BOOT_TIMEOUT + 30,
               nodeset_extra="pending_timeout = 2\n")
@@ -98,15 +101,13 @@ def test_on_22_05_a_shortage_makes_no_vm_churn_during_the_cooldown(e2e) -> None:
         first[0], first
     [vm] = env.sim.vms()
     assert env.sim.vm(vm.id).state == DONE
-    # 22.05 has no ResumeAfter: the requeued job resumes gpu01 again as soon as it is idle~ and eligible
-    # (SuspendTimeout 6 s, cred_expire 5 s here); the cooldown (60 s) hands it back after one host read.
-    env.wait(lambda: len(summaries(env, "slurm-nebula-resume")) >= 3, 50, "two more resumes (the storm)")
-    again = summaries(env, "slurm-nebula-resume")[1:]
-    print(f"\nE2E-STORM resumes during the cooldown after {clock():.1f} s: {again}")
-    assert all("cooldown" in s for s in again), again
-    assert calls(env, "one.template.instantiate") == 1, "no VM created during the cooldown"
-    assert len(env.sim.vms()) == 1 and not env.live_vms()
-    assert c.node_info("gpu01")["Reason"].startswith("nebula: cooldown "), c.node_info("gpu01")
+    env.wait(lambda: c.sinfo_state("gpu01") == "drained~", 30, "gpu01 stepped out (drained~)")
+    assert c.node_info("gpu01")["Reason"].startswith("nebula: out of service since "), c.node_info("gpu01")
+    # cred_expire (5 s) and SuspendTimeout (6 s) have passed twice over: the storm would have begun
+    env.wait(lambda: clock() > 40, 45, "the storm's window")
+    print(f"\nE2E-STORM resumes after {clock():.1f} s: {summaries(env, 'slurm-nebula-resume')}")
+    assert len(summaries(env, "slurm-nebula-resume")) == 1, "no resume while the node set is out"
+    assert calls(env, "one.template.instantiate") == 1, "no VM created while the node set is out"
+    assert c.job_info(job)["JobState"] == "PENDING"
     c.run("scancel", str(job))
-    env.wait_nodes(["gpu01"], "idle~", timeout=30)
-    assert env.gpus_free() == env.gpus_total()
+    assert env.gpus_free() == env.gpus_total() and not env.live_vms()

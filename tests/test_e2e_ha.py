@@ -36,19 +36,15 @@ from __future__ import annotations
 
 import re
 import struct
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from e2e_support import E2E, Durations, Stopwatch, job_script
+from e2e_support import E2E, Durations, Stopwatch, job_script, reconcile
 from slurm_findings import finding
 from slurmharness import BACKUP_HOST, PRIMARY_HOST
 
 pytestmark = pytest.mark.slurm
 
-POWER = Path(sys.executable).parent / "slurm-nebula-power"
 NODES = ("gpu01", "gpu02", "gpu03")
 SLOW_BOOT = Durations(prolog=0.3, boot=12.0, shutdown=0.2, epilog=0.2)  # long enough to kill the primary in
 SLURMCTLD_TIMEOUT = 5
@@ -58,13 +54,6 @@ def measure(what: str, value: object) -> None:
     print(f"\nHA {what}: {value}")
     finding(f"backup controller: {what}", value)
 
-
-def reconcile(env: E2E, *args: str) -> list[str]:
-    """`slurm-nebula-power reconcile ARGS` as the operator runs it (config found beside SLURM_CONF)."""
-    proc = subprocess.run([str(POWER), "reconcile", *args], env=env.cluster.env, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.splitlines()
 
 
 @pytest.mark.parametrize("kill_point", ["after-state-save", "before-state-save"])

@@ -11,27 +11,15 @@ The measured figures are printed (-s) and recorded as Slurm findings.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pyone
 import pytest
-from e2e_support import DONE, E2E, Stopwatch, job_script
+from e2e_support import DONE, E2E, Stopwatch, job_script, reconcile
 from slurm_findings import finding
 
 pytestmark = pytest.mark.slurm
 
-POWER = Path(sys.executable).parent / "slurm-nebula-power"
 NODES = ("gpu01", "gpu02")
 
-
-def reconcile(env: E2E, *args: str) -> list[str]:
-    """`slurm-nebula-power reconcile ARGS` as the timer runs it (config found beside SLURM_CONF)."""
-    proc = subprocess.run([str(POWER), "reconcile", *args], env=env.cluster.env, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout.splitlines()
 
 
 def measure(what: str, value: object) -> None:

@@ -251,3 +251,54 @@ def test_a_node_set_without_gpus_never_reads_the_host_pool(tmp_path, sim) -> Non
         '[[nodeset]]\nnodes = "cpu[01-02]"\ntemplate = "slurm-cpu-worker"\nboot_timeout = 20\n'))
     assert resume_main(["cpu[01-02]"], setup.env) == EXIT_OK
     assert calls(sim, "one.hostpool.info") == 0
+
+
+OURS_OUT = "nebula: out of service since 10:00:00, back when GPUs return (checked at 10:01:00 at the latest): x"
+
+
+def show_nodes(states: dict[str, tuple[str, str]]) -> str:
+    return "".join(f"NodeName={n} Arch=x86_64 State={s} Reason={r}\n" for n, (s, r) in states.items())
+
+
+def test_a_count_shortage_steps_the_node_sets_powered_down_nodes_out_and_freed_gpus_step_them_in(tmp_path,
+                                                                                                   sim) -> None:
+    take_gpus(sim, 4)
+    setup = site(tmp_path, sim)
+    nodes = {"gpu01": ("IDLE+CLOUD+POWERING_UP", ""), "gpu02": ("IDLE+CLOUD+POWERED_DOWN", ""),
+             "gpu03": ("IDLE+CLOUD+DRAIN+POWERED_DOWN", "RMA 42"), "gpu04": ("ALLOCATED+CLOUD", "")}
+    setup.set_nodes(show_nodes(nodes))
+    assert resume_main(["gpu01"], {**setup.env, **resume_file(tmp_path, {7: "gpu01"})}) == EXIT_NODES_FAILED
+    drains = [u for u in setup.updates() if "State=DRAIN" in u]
+    assert [u[0] for u in drains] == ["NodeName=gpu02"], "only the powered-down node without a Reason"
+    assert drains[0][2].startswith("Reason=nebula: out of service since ") and "0 free" in drains[0][2]
+    assert [r["node"] for r in setup.records() if r["event"] == "stepped_out"] == ["gpu02"]
+
+    # the GPUs are freed; a resume of a node still up reads the host pool and brings gpu02 back
+    for vm in sim.vms():
+        if vm.name.startswith("other"):
+            import pyone
+
+            pyone.OneServer(sim.endpoint, session=AUTH).vm.action("terminate", vm.id)
+            sim.wait_for(lambda vm=vm: sim.vm(vm.id).state == S.DONE, 10)
+    nodes["gpu02"] = ("IDLE+CLOUD+DRAIN+POWERED_DOWN", OURS_OUT)
+    setup.set_nodes(show_nodes(nodes))
+    assert resume_main(["gpu01"], setup.env) == EXIT_OK
+    undrains = [u for u in setup.updates() if "State=UNDRAIN" in u]
+    assert [u[0] for u in undrains] == ["NodeName=gpu02"], "ours only: the administrator's drain of gpu03 stays"
+    assert [r["node"] for r in setup.records() if r["event"] == "stepped_in"] == ["gpu02"]
+
+
+@pytest.mark.parametrize(("version", "form"), [("slurm 24.11.5", "update"), ("slurm 25.05.0", "power"),
+                                               ("slurm 26.05.5", "power")])
+def test_from_25_05_the_hand_back_is_scontrol_power_down_force_with_its_reason(tmp_path, sim, version, form) -> None:
+    take_gpus(sim, 4)
+    setup = site(tmp_path, sim)
+    setup.set_version(version)
+    assert resume_main(["gpu01"], setup.env) == EXIT_NODES_FAILED
+    calls = [c for c in setup.scontrol_calls() if c[:3] == ["power", "down", "force"] or "State=POWER_DOWN_FORCE" in c]
+    [call] = calls
+    if form == "power":
+        assert call[:4] == ["power", "down", "force", "gpu01"], call
+        assert call[4].startswith("Reason=nebula: needs 1 GPU"), call
+    else:
+        assert call[:3] == ["update", "NodeName=gpu01", "State=POWER_DOWN_FORCE"], call

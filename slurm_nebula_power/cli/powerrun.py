@@ -19,6 +19,7 @@ from ..operation import Context, Outcome
 from ..operation import hand_back as _hand_back
 from ..resume import resume
 from ..slurm import Scontrol, find_scontrol, jobs_from_resume_file, scontrol_for
+from ..stepout import after_suspend
 from ..suspend import power_down
 from .common import (
     audit_log,
@@ -211,7 +212,9 @@ def _resume_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Ou
 
 
 def _suspend_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:
-    return power_down(ctx, nodes, "suspend", force=False)
+    outcome = power_down(ctx, nodes, "suspend", force=False)
+    after_suspend(ctx, nodes)  # a node set still short: its nodes now powering down step out (stepout.py)
+    return outcome
 
 
 def _resume_fail_op(ctx: Context, nodes: list[str], jobs: dict[str, list[int]]) -> Outcome:

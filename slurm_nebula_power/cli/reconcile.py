@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -9,12 +10,15 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..audit import AuditLog
-from ..drift import Diagnosis, NodeView, reconcile
+from ..drift import Diagnosis, NodeView, read_hosts, reconcile
 from ..errors import EXIT_NODES_FAILED, EXIT_OK, CloudError, PowerError
 from ..hostlists import expand, fold
 from ..metrics import RunFigures
+from ..operation import Context
 from ..records import reason_category
-from ..slurm import OFF, STARTING, STOPPING, UP, scontrol_for
+from ..slurm import OFF, STARTING, STOPPING, UP, NodeState, scontrol_for
+from ..stepout import Step, out_now, settle_all
+from ..stepout import Survey as StepSurvey
 from .common import (
     build_context,
     cloud_error_line,
@@ -62,8 +66,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     ctx = build_context(config, env, slurm=scontrol, recorder=recorder, interactive=True)
     seen = Survey()
     outcome = None
+    steps: list[Step] = []
     try:
         outcome = reconcile(ctx, scontrol.show_all_nodes, nodes, args.dry_run, observe=seen)
+        if not args.dry_run:  # the node sets short of GPUs: out of Slurm's way, or back in (stepout.py)
+            steps = step_node_sets(ctx, seen, nodes)
     except PowerError as exc:
         report_error(prog, cloud_error_line(config, exc) if isinstance(exc, CloudError) else str(exc))
         return exc.exit_code
@@ -75,6 +82,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                                   result)
             if outcome is not None:
                 seen.fill(figures, ctx.cloud)
+                figures.gauges["nodesets_out"] = out_now(steps, seen.states(), ctx.config.nodesets)
             publish_metrics(config, figures)
     log.info("summary: %s%s: %s in %.1fs", prog, " --dry-run" if args.dry_run else "", outcome.describe(),
              time.monotonic() - start)
@@ -83,11 +91,26 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     return EXIT_NODES_FAILED if outcome.failed else EXIT_OK
 
 
+def step_node_sets(ctx: Context, seen: Survey, nodes: Sequence[str] | None) -> list[Step]:
+    """Step out the node sets still short, back in those whose GPUs returned (one host pool read, made only
+    when a node set has a shortage or a node of ours out); a line each."""
+    wanted = ctx.config.nodesets if nodes is None else [
+        ns for ns in ctx.config.nodesets if any(n in nodes for n in ns.nodes)]
+    steps = settle_all(StepSurvey(ctx, seen.states()), wanted, functools.cache(lambda: read_hosts(ctx.cloud)))
+    for step in steps:
+        print(step.describe())
+    return steps
+
+
 class Survey:
     """What reconcile's first survey saw, for the gauges: GPUs held by node state, drift found."""
 
     def __init__(self) -> None:
         self.found: Sequence[tuple[NodeView, Diagnosis]] = ()
+
+    def states(self) -> dict[str, NodeState]:
+        """Slurm's view of each node the survey saw."""
+        return {view.node: view.slurm for view, _ in self.found if view.slurm is not None}
 
     def __call__(self, found: Sequence[tuple[NodeView, Diagnosis]]) -> None:
         self.found = found

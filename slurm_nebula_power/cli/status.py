@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..config import Config
@@ -14,6 +15,7 @@ from ..errors import EXIT_NODES_FAILED, EXIT_OK, SlurmError
 from ..hostlists import expand
 from ..slurm import scontrol_for
 from ..statustable import capacity, placement_line, prolog_line, render, render_capacity, table_rows
+from ..stepout import outlook
 from .common import interactive_cloud, make_parser, run_command
 
 
@@ -54,6 +56,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 if gpus is not None:
                     print(render_capacity(gpus))
                 print(placement_line(config))
+                for line in outlook(config, states, time.time()):
+                    print(f"Out of service: {line}")
             if footer:
                 print(footer)
             return EXIT_NODES_FAILED if any(r["problems"] for r in rows) else EXIT_OK
