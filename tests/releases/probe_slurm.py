@@ -15,6 +15,7 @@ the output. See tests/releases/README.md for what was seen on 22.05, 24.11 and 2
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -28,7 +29,11 @@ pytestmark = pytest.mark.slurm
 
 
 def report(name: str, **fields: Any) -> None:
-    print(f"\nPROBE {name} {json.dumps(fields, sort_keys=True)}", flush=True)
+    line = f"PROBE {name} {json.dumps(fields, sort_keys=True)}"
+    print("\n" + line, flush=True)
+    if os.environ.get("PROBE_OUT"):  # a file too: pytest-xdist does not pass a worker's output on
+        with open(os.environ["PROBE_OUT"], "a", encoding="utf-8") as out:
+            out.write(line + "\n")
 
 
 def version(cluster: SlurmCluster | dict[str, str]) -> tuple[int, int]:
@@ -342,3 +347,147 @@ def test_probe_slurmd_b_started_in_the_power_up_second(slurm_factory, monkeypatc
     stuck = [r for r in results if "POWERING_UP" in r["state"]]
     report("slurmd_b_in_the_power_up_second", start=start, stuck=len(stuck), of=len(results),
            uptime_of_stuck=[r["uptime"] for r in stuck], uptime_turns_at=round(turns, 3))
+
+
+# ---- Stepping a short node set out of Slurm's way (issue 33) --------------------------------------------
+# Nodes gpa[1-2] (listed first: slurmctld allocates them first at equal weight) and gpb[1-2] in one partition.
+# ResumeProgram hands gpa back (POWER_DOWN_FORCE) and applies STEP to them; gpb boots. Where does the
+# requeued 2-node job run, after how long, how often is gpa resumed, and does the step-out survive the
+# power-down (idle_on_node_suspend)? Then: undrain (STEP_BACK), and does the next job run on gpa?
+STEP_OUT = """
+if HOSTS[0].startswith("gpa"):
+    note(event="handback", t_mono=time.monotonic())
+    for settings in UPDATES:
+        scontrol("update", "NodeName=" + ",".join(HOSTS), *settings)
+else:
+    boot(HOSTS, ["127.0.1.%d" % (int(h[-1]) + 4) for h in HOSTS])
+"""
+
+STEP_VARIANTS = {
+    "force_then_drain": [["State=POWER_DOWN_FORCE", "Reason=nebula: no GPU"],
+                         ["State=DRAIN", "Reason=nebula: out of service: no GPU"]],
+    "drain_then_force": [["State=DRAIN", "Reason=nebula: out of service: no GPU"],
+                         ["State=POWER_DOWN_FORCE", "Reason=nebula: no GPU"]],
+    "force_only": [["State=POWER_DOWN_FORCE", "Reason=nebula: no GPU"]],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(STEP_VARIANTS))
+def test_probe_step_out(slurm_factory, slurm_binaries, tmp_path, variant) -> None:
+    rec = tmp_path / "resume.jsonl"
+    resume = recording_program(tmp_path / "resume", rec, binaries=slurm_binaries,
+                               action=f"UPDATES = {STEP_VARIANTS[variant]!r}\n" + STEP_OUT)
+    suspend = recording_program(tmp_path / "suspend", tmp_path / "suspend.jsonl", binaries=slurm_binaries)
+    cluster = slurm_factory(nodes=["gpa1", "gpa2", "gpb1", "gpb2"], resume_program=resume,
+                            suspend_program=suspend, resume_timeout=60, cred_expire=None)
+    t0 = time.monotonic()
+    job = cluster.sbatch(nodes=2)
+    seen: list[dict[str, Any]] = []
+    last = None
+    while time.monotonic() - t0 < 200:
+        j = cluster.job_info(job)
+        now = {"job": j.get("JobState"), "nodes": j.get("NodeList"), "restarts": j.get("Restarts"),
+               "reason": j.get("Reason"),
+               **{n: cluster.node_info(n).get("State", "?") + " " + re.sub(r" \[.*\]$", "",
+                                                                         cluster.node_info(n).get("Reason", ""))
+                  for n in ("gpa1", "gpb1")}}
+        if now != last:
+            seen.append({"t": round(time.monotonic() - t0, 1), **now})
+            last = now
+        if now["job"] in ("COMPLETED", "FAILED"):
+            break
+        time.sleep(0.5)
+    resumes = [r["argv"] for r in cluster.read_jsonl(rec) if r["event"] == "call"]
+    after: dict[str, Any] = {}
+    for node, how in (("gpa1", "State=UNDRAIN"), ("gpa2", "State=RESUME")):
+        done = cluster.run("scontrol", "update", f"NodeName={node}", how, check=False)
+        said = done.stdout + done.stderr
+        time.sleep(2)
+        after[how] = [said.strip(), cluster.node_info(node).get("State")]
+    report(f"step_out_{variant}", version="{}.{:02d}".format(*version(cluster)), timeline=seen,
+           resumes=resumes, after=after)
+
+
+def test_probe_down_after_resume_timeout_returned(slurm_factory, slurm_binaries, tmp_path) -> None:
+    """A node left down~ by ResumeTimeout (no slurmd ever registers): what do UNDRAIN, RESUME, IDLE and
+    POWER_DOWN_FORCE make of it, and is it allocated again afterwards?"""
+    rec = tmp_path / "resume.jsonl"
+    resume = recording_program(tmp_path / "resume", rec, binaries=slurm_binaries)
+    cluster = slurm_factory(nodes=["cloud1", "cloud2", "cloud3", "cloud4"], resume_program=resume,
+                            resume_timeout=8, cred_expire=None)
+    job = cluster.sbatch(nodes=4)
+    t0 = time.monotonic()
+    series0 = timeline(cluster, job, "cloud1", 40, t0, stop=lambda s: s.get("node", "").startswith("DOWN"))
+    cluster.run("scancel", str(job))
+    series0 += timeline(cluster, None, "cloud1", 25, t0, stop=None)
+    before = {n: cluster.node_info(n).get("State") + " " + cluster.node_info(n).get("Reason", "")
+              for n in ("cloud1",)}
+    out: dict[str, Any] = {}
+    for node, how in (("cloud1", ["State=UNDRAIN"]), ("cloud2", ["State=RESUME"]), ("cloud3", ["State=IDLE"]),
+                      ("cloud4", ["State=POWER_DOWN_FORCE", "Reason=nebula: x"])):
+        done = cluster.run("scontrol", "update", f"NodeName={node}", *how, check=False)
+        said = done.stdout + done.stderr
+        series = []
+        for _ in range(12):
+            series.append(cluster.node_info(node).get("State"))
+            time.sleep(1)
+        out[" ".join(how)] = {"said": said.strip(), "states": sorted(set(series), key=series.index),
+                              "reason": cluster.node_info(node).get("Reason", "")}
+    report("down_after_resume_timeout", version="{}.{:02d}".format(*version(cluster)), before=before, series=series0,
+           updates=out)
+
+
+# The hand-back's drain is gone once the power-down starts (idle_on_node_suspend, seen above). A drain set
+# by SuspendProgram (the node POWERING_DOWN) or on a POWERED_DOWN node: does it last, does the job go to
+# gpb, and which update lets the node take jobs again?
+SUSPEND_DRAINS = """
+if HOSTS and HOSTS[0].startswith("gpa"):
+    scontrol("update", "NodeName=" + ",".join(HOSTS), "State=DRAIN", "Reason=nebula: out of service: no GPU")
+"""
+
+
+def _nodes_row(cluster: SlurmCluster, job: int | None) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    if job is not None:
+        j = cluster.job_info(job)
+        row.update(job=j.get("JobState"), nodes=j.get("NodeList"), restarts=j.get("Restarts"))
+    for n in ("gpa1", "gpb1"):
+        info = cluster.node_info(n)
+        row[n] = info.get("State", "?") + " " + re.sub(r" \[.*\]$", "", info.get("Reason", ""))
+    return row
+
+
+def _watch(cluster: SlurmCluster, job: int | None, seconds: float, done: Any) -> list[dict[str, Any]]:
+    t0, seen, last = time.monotonic(), [], None
+    while time.monotonic() - t0 < seconds:
+        row = _nodes_row(cluster, job)
+        if row != last:
+            seen.append({"t": round(time.monotonic() - t0, 1), **row})
+            last = row
+        if done(row):
+            break
+        time.sleep(0.3)
+    return seen
+
+
+@pytest.mark.parametrize("back", ["State=UNDRAIN", "State=IDLE", "State=RESUME"])
+def test_probe_step_out_by_suspend_then_back(slurm_factory, slurm_binaries, tmp_path, back) -> None:
+    rec = tmp_path / "resume.jsonl"
+    resume = recording_program(tmp_path / "resume", rec, binaries=slurm_binaries,
+                               action=f"UPDATES = {STEP_VARIANTS['force_only']!r}\n" + STEP_OUT)
+    suspend = recording_program(tmp_path / "suspend", tmp_path / "suspend.jsonl", binaries=slurm_binaries,
+                                action=SUSPEND_DRAINS)
+    cluster = slurm_factory(nodes=["gpa1", "gpa2", "gpb1", "gpb2"], resume_program=resume,
+                            suspend_program=suspend, resume_timeout=60, cred_expire=10)
+    job = cluster.sbatch(nodes=2, script="#!/bin/sh\nsleep 5\n")
+    first = _watch(cluster, job, 150, lambda r: r["job"] in ("COMPLETED", "FAILED"))
+    second_job = cluster.sbatch(nodes=2, script="#!/bin/sh\nsleep 1\n")
+    second = _watch(cluster, second_job, 40, lambda r: r["job"] in ("RUNNING", "COMPLETED", "FAILED"))
+    done = cluster.run("scontrol", "update", "NodeName=gpa[1-2]", back, check=False)
+    after_back = _watch(cluster, None, 4, lambda r: False)
+    third_job = cluster.sbatch("-w", "gpa[1-2]", nodes=2, script="#!/bin/sh\nsleep 1\n")
+    third = _watch(cluster, third_job, 30, lambda r: int(r.get("restarts") or 0) > 0 or r["job"] == "RUNNING")
+    resumes = [r["argv"] for r in cluster.read_jsonl(rec) if r["event"] == "call"]
+    report(f"step_out_by_suspend_back_{back}", version="{}.{:02d}".format(*version(cluster)), first=first,
+           second=second, back=(done.stdout + done.stderr).strip(), after_back=after_back, third=third,
+           resumes=resumes)

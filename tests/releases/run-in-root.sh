@@ -110,7 +110,7 @@ inner() {
   local -a envv=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
                  "TERM=${TERM:-dumb}" PYTHONDONTWRITEBYTECODE=1)
   local v
-  for v in COLUMNS PYTEST_ADDOPTS PYTEST_XDIST_AUTO_NUM_WORKERS SLURM_NEBULA_POWER_TEST_NETNS ONE_SOURCE ONED_CACHE \
+  for v in COLUMNS PYTEST_ADDOPTS PYTEST_XDIST_AUTO_NUM_WORKERS SLURM_NEBULA_POWER_TEST_NETNS ONE_SOURCE ONED_CACHE PROBE_OUT \
            ONED_VERSIONS; do
     [ -n "${!v:-}" ] && envv+=("$v=${!v}")
   done
