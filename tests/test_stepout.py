@@ -22,7 +22,16 @@ from slurm_nebula_power.hosts import Host, PciDevice
 from slurm_nebula_power.model import ACTIVE, RUNNING_LCM, Vm
 from slurm_nebula_power.operation import Context
 from slurm_nebula_power.slurm import NodeState
-from slurm_nebula_power.stepout import StepOut, Survey, after_suspend, judge, out_now, stepped_out, takeable
+from slurm_nebula_power.stepout import (
+    StepOut,
+    Survey,
+    after_suspend,
+    judge,
+    out_now,
+    outlook,
+    stepped_out,
+    takeable,
+)
 
 GPU = {"vendor": "10de", "device": "2330"}
 NOW = 1_000_000.0
@@ -308,3 +317,18 @@ def test_racing_steps_leave_a_node_set_out_or_in_never_half(tmp_path) -> None:
         assert on_record == bool(drained), "the shortage file and Slurm agree"
         Survey(ctx, slurm.node_states(list(nodes))).settle(nodeset, lambda: [host(4)])  # back in for the next
         assert not any("DRAIN" in state for state, _ in slurm.states.values())
+
+
+def test_status_says_which_node_sets_are_out_since_when_why_and_until_when(tmp_path) -> None:
+    out = ("IDLE+CLOUD+DRAIN+POWERED_DOWN", "nebula: out of service since 10:00:00, back when GPUs return")
+    slurm = FakeSlurm({"gpa1": out, "gpa2": ("IDLE+CLOUD+POWERED_DOWN", ""), "gpb1": out})
+    ctx, _ = context(tmp_path, slurm)
+    ShortageLog(ctx.config.power.lock_dir, clock=lambda: NOW).record(
+        "gpa[1-4]", COUNT, 0, "GPU shortage (job 7: needs 2 GPUs 10de:2330, 0 free)", [GPU], 2)
+    lines = outlook(ctx.config, slurm.node_states(["gpa1", "gpa2", "gpb1"]), NOW + 10)
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(NOW))
+    until = time.strftime("%H:%M:%S", time.localtime(NOW + COOLDOWN))
+    assert lines == [
+        f"gpa[1-4] out of Slurm's way since {since} (GPU shortage (job 7: needs 2 GPUs 10de:2330, 0 free)); back "
+        f"when GPUs return, checked by {until} at the latest; drained: gpa1",
+        "gpb[1-2]: gpb1 drained for a shortage no longer on record: the next reconcile steps them back in"]
