@@ -14,10 +14,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from .admission import Shortage
-from .files import Owner, make_directory, read_capped, replace
+from .files import PRIVATE_DIRECTORY, Owner, make_directory, read_capped, replace
+
+if TYPE_CHECKING:
+    from .config import Config
 
 log = logging.getLogger(__name__)
 
@@ -25,22 +28,34 @@ MOST_BYTES = 64 << 10  # a state file's size at most (ours are a few hundred byt
 T = TypeVar("T")
 
 
+def state_key(cluster: str, nodes: str) -> str:
+    """The name part of a node set's state and lock files: a hash of its cluster and nodes (a hostlist can be
+    long; two configurations sharing a lock_dir must not share a node set's state)."""
+    return hashlib.sha256(f"{cluster}\n{nodes}".encode()).hexdigest()[:16]
+
+
 class NodeSetFiles(Generic[T]):
-    """One small JSON state file per node set in a directory (lock_dir), `<KIND>-<hash of its nodes>.json`,
+    """One small JSON state file per node set and cluster in a directory (lock_dir), `<KIND>-<state_key>.json`,
     read without following a link, as a regular file of ours, with a size cap; a subclass parses it."""
 
     KIND = "state"
     WHAT = "state"  # for the log: "shortage state", "protected-mode state"
 
-    def __init__(self, directory: Path, clock: Callable[[], float] = time.time, owner: Owner | None = None) -> None:
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.time, owner: Owner | None = None,
+                 cluster: str = "") -> None:
         self.directory = directory
         self.clock = clock
         self.owner = owner  # who gets the files a root run writes (SlurmUser)
+        self.cluster = cluster  # [slurm] cluster: part of every file's name
+
+    @classmethod
+    def of(cls, config: Config, owner: Owner | None = None, clock: Callable[[], float] = time.time) -> Self:
+        """The state of this configuration's node sets: in its lock_dir, keyed by its cluster."""
+        return cls(config.power.lock_dir, clock, owner, config.slurm.cluster)
 
     def path(self, nodes: str) -> Path:
-        """The state file of a node set (named by a hash: a hostlist expression can be long)."""
-        digest = hashlib.sha256(nodes.encode()).hexdigest()[:16]
-        return self.directory / f"{self.KIND}-{digest}.json"
+        """The state file of a node set."""
+        return self.directory / f"{self.KIND}-{state_key(self.cluster, nodes)}.json"
 
     def read(self, nodes: str) -> T | None:
         """The node set's state, or None (none, or the file is unusable: logged, never quoted)."""
@@ -50,7 +65,7 @@ class NodeSetFiles(Generic[T]):
             if raw is None:
                 return None
             data: Any = json.loads(raw)
-            if not isinstance(data, dict) or data.get("nodes") != nodes:
+            if not isinstance(data, dict) or data.get("nodes") != nodes or data.get("cluster", "") != self.cluster:
                 return None
             return self.parse(nodes, data)
         except OSError as exc:
@@ -81,11 +96,11 @@ class ShortageLog(NodeSetFiles[Shortage]):
                requests: Sequence[Mapping[str, str]], wanted: int = 0) -> Shortage:
         """Write a node set's shortage (atomically); errors are logged, never raised."""
         shortage = Shortage(nodes, self.clock(), kind, free, reason, tuple(requests), wanted)
-        body = {"nodes": nodes, "at": shortage.at, "kind": kind, "free": free, "reason": reason,
-                "requests": [dict(r) for r in requests], "wanted": wanted}
+        body = {"nodes": nodes, "cluster": self.cluster, "at": shortage.at, "kind": kind, "free": free,
+                "reason": reason, "requests": [dict(r) for r in requests], "wanted": wanted}
         path = self.path(nodes)
         try:
-            make_directory(self.directory, self.owner)
+            make_directory(self.directory, self.owner, PRIVATE_DIRECTORY)
             replace(path, json.dumps(body).encode(), 0o640, self.owner)
         except OSError as exc:
             log.error("could not record the shortage of %s in %s: %s", nodes, path, exc)

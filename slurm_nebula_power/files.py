@@ -160,16 +160,20 @@ def read_capped(path: Path, cap: int, owner: Owner | None = None) -> bytes | Non
     return data
 
 
-def make_directory(path: Path, owner: Owner | None = None) -> None:
-    """Make a directory (its missing parents too) when it does not exist; when root runs this, the
-    directory itself is given to owner by fchown on a descriptor opened without following a link: a
-    chown by path gave owner whatever link a writer of the parent put there between the mkdir and the
-    chown (SlurmUser, /etc/shadow)."""
+LOCK_MODE = 0o600  # a lock file: only its owner (SlurmUser) and root may open it, so only they can flock it
+PRIVATE_DIRECTORY = 0o750  # lock_dir: others may not even look up a name in it
+
+
+def make_directory(path: Path, owner: Owner | None = None, mode: int = 0o755) -> None:
+    """Make a directory (its missing parents too) when it does not exist, with `mode` under the umask;
+    when root runs this, the directory itself is given to owner by fchown on a descriptor opened without
+    following a link: a chown by path gave owner whatever link a writer of the parent put there between the
+    mkdir and the chown (SlurmUser, /etc/shadow)."""
     if os.path.lexists(path):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.mkdir(path, 0o755)
+        os.mkdir(path, mode)
     except FileExistsError:
         return  # made meanwhile by another run (or planted: the opens below it check what they find)
     if owner is None or os.geteuid() != 0:
@@ -202,12 +206,25 @@ def replace(path: Path, data: bytes, mode: int, owner: Owner | None = None) -> N
         raise
 
 
+def private_lock(fd: int, owner: Owner | None) -> None:
+    """Make an open lock file SlurmUser's and 0600 (what an older version, or a root run without an owner,
+    left 0644 or root's): anyone who can open a lock file can flock it and hold a node for ever."""
+    info = os.fstat(fd)
+    if os.geteuid() == 0 and owner is not None and info.st_uid != owner[0]:
+        os.fchown(fd, *owner)
+    elif info.st_uid != os.geteuid() and os.geteuid() != 0:
+        return  # root's or another's: check names it
+    if stat.S_IMODE(info.st_mode) != LOCK_MODE:
+        os.fchmod(fd, LOCK_MODE)
+
+
 @contextlib.contextmanager
 def flocked(lock: Path, wait: float, owner: Owner | None = None) -> Iterator[None]:
-    """Hold an flock on the file `lock` (opened safely, made 0644 for `owner` when missing), waiting at most
+    """Hold an flock on the file `lock` (opened safely, made 0600 for `owner` when missing), waiting at most
     `wait` seconds for another holder (TimeoutError); the kernel drops it if the process dies."""
-    fd = open_file(lock, os.O_RDONLY | os.O_CREAT, 0o644, owner, exact_mode=True)
+    fd = open_file(lock, os.O_RDONLY | os.O_CREAT, LOCK_MODE, owner, exact_mode=True)
     try:
+        private_lock(fd, owner)
         deadline = time.monotonic() + wait
         while True:
             try:

@@ -24,7 +24,7 @@ MOST_TOPOLOGY = 4 << 20  # topology.conf read at most (a 10,000-node site's is s
 
 def check_protected(report: Report, config: Config, now: float | None = None) -> None:
     """A node set in protected mode is a problem until its template is fixed and it is cleared."""
-    store, period = ProtectLog(config.power.lock_dir), config.power.protect_for
+    store, period = ProtectLog.of(config), config.power.protect_for
     when = time.time() if now is None else now
     for nodeset in config.nodesets:
         state = store.read(nodeset.nodes_expr)

@@ -52,7 +52,7 @@ class Gate:
         self.jobs = jobs
         self.requests: dict[int, Requests] = {}  # id(nodeset) -> the GPUs one of its VMs needs
         self.placing: dict[int, str] = {}  # id(nodeset) -> the SCHED_REQUIREMENTS of its domain
-        self.shortages = ShortageLog(ctx.config.power.lock_dir, owner=ctx.owner)
+        self.shortages = ShortageLog.of(ctx.config, ctx.owner)
         self.short: dict[int, NodeSet] = {}  # id(nodeset) -> the node sets short in this run (or cooling)
         self.lifted: dict[int, NodeSet] = {}  # id(nodeset) -> the node sets whose cooldown this run lifted
         self._hosts: list[Host] | None = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import resource
-import stat
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -13,9 +12,8 @@ from types import TracebackType
 
 from .backoff import Backoff
 from .errors import ConfigError
-from .files import UnsafeFile, make_directory, open_file
+from .files import LOCK_MODE, PRIVATE_DIRECTORY, UnsafeFile, make_directory, open_file, private_lock
 
-LOCK_MODE = 0o644  # flock needs only an open file: SlurmUser opens it read-only whoever created it
 SPARE_FDS = 256  # descriptors kept free beyond one per lock: sockets of the thread pool, logs, scontrol
 
 
@@ -74,7 +72,7 @@ class NodeLocks:
 
     def _open_dir(self) -> None:
         try:
-            make_directory(self.lock_dir, self.owner)
+            make_directory(self.lock_dir, self.owner, PRIVATE_DIRECTORY)
             self._dir_fd = os.open(self.lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise ConfigError(f"power.lock_dir: cannot create {self.lock_dir}: {exc.strerror}; "
@@ -94,9 +92,7 @@ class NodeLocks:
                 else str(exc.strerror)
             return None
         try:
-            info = os.fstat(fd)
-            if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != LOCK_MODE:
-                os.fchmod(fd, LOCK_MODE)  # ours (made 0600 by an older version, or under umask 077)
+            private_lock(fd, self.owner)  # 0644 or root's, left by an older version
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)

@@ -34,7 +34,7 @@ class Guard:
         self.ctx = ctx
         self.jobs = jobs
         power = ctx.config.power
-        self.log = ProtectLog(power.lock_dir, owner=ctx.owner)
+        self.log = ProtectLog.of(ctx.config, ctx.owner)
         self.threshold, self.period = power.protect_after, power.protect_for
         self.held: dict[int, str] = {}  # id(nodeset) -> the hand-back reason of a node set protected in this run
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cooldown import NodeSetFiles
-from .files import flocked, make_directory, replace
+from .files import PRIVATE_DIRECTORY, flocked, make_directory, replace
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ class ProtectLog(NodeSetFiles[Protection]):
         try:
             with self._locked(nodes):
                 state = after_failures(self.read(nodes), nodes, count, reason, now, threshold, period)
-                body = {"nodes": nodes, "failures": state.failures, "reason": reason[:200], "since": state.since,
-                        "at": now}
+                body = {"nodes": nodes, "cluster": self.cluster, "failures": state.failures, "reason": reason[:200],
+                        "since": state.since, "at": now}
                 replace(self.path(nodes), json.dumps(body).encode(), 0o640, self.owner)
         except (OSError, TimeoutError) as exc:
             log.error("could not record the boot failures of %s in %s: %s", nodes, self.directory, exc)
@@ -114,5 +114,5 @@ class ProtectLog(NodeSetFiles[Protection]):
         return old
 
     def _locked(self, nodes: str) -> contextlib.AbstractContextManager[None]:
-        make_directory(self.directory, self.owner)  # a root run makes it for SlurmUser, on a descriptor
+        make_directory(self.directory, self.owner, PRIVATE_DIRECTORY)  # a root run makes it for SlurmUser
         return flocked(self.path(nodes).with_suffix(".lock"), LOCK_WAIT, self.owner)

@@ -88,7 +88,7 @@ def table_rows(config: Config, cloud: Cloud, states: Mapping[str, NodeState] | N
 
 def protected_sets(config: Config, now: float) -> dict[str, str]:
     """Node set -> what status says of it while it is in protected mode (protectlog.py)."""
-    store, period = ProtectLog(config.power.lock_dir), config.power.protect_for
+    store, period = ProtectLog.of(config), config.power.protect_for
     found = {ns.nodes_expr: store.read(ns.nodes_expr) for ns in config.nodesets}
     return {nodes: f"{state.summary(now, period)}: {state.fix}" for nodes, state in found.items()
             if state is not None and state.active(now, period)}

@@ -23,7 +23,6 @@ never half.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,9 +31,9 @@ from dataclasses import dataclass
 from .admission import Shortage, may_retry
 from .capacity import Pool, label
 from .config import Config, NodeSet
-from .cooldown import ShortageLog
+from .cooldown import ShortageLog, state_key
 from .errors import SlurmError
-from .files import flocked, make_directory
+from .files import PRIVATE_DIRECTORY, flocked, make_directory
 from .gate import domain_hosts, pci_request
 from .hosts import Host
 from .operation import Context
@@ -115,7 +114,7 @@ class StepOut:
     def __init__(self, ctx: Context, shortages: ShortageLog | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.ctx = ctx
-        self.shortages = shortages or ShortageLog(ctx.config.power.lock_dir, clock=clock, owner=ctx.owner)
+        self.shortages = shortages or ShortageLog.of(ctx.config, ctx.owner, clock)
         self.clock = clock
 
     def settle(self, nodeset: NodeSet, hosts: Hosts) -> Step | None:
@@ -184,9 +183,9 @@ class StepOut:
 
     def _locked(self, nodeset: NodeSet) -> contextlib.AbstractContextManager[None]:
         directory = self.ctx.config.power.lock_dir
-        make_directory(directory, self.ctx.owner)
-        digest = hashlib.sha256(nodeset.nodes_expr.encode()).hexdigest()[:16]
-        return flocked(directory / f"stepout-{digest}.lock", LOCK_WAIT, self.ctx.owner)
+        make_directory(directory, self.ctx.owner, PRIVATE_DIRECTORY)
+        key = state_key(self.ctx.config.slurm.cluster, nodeset.nodes_expr)
+        return flocked(directory / f"stepout-{key}.lock", LOCK_WAIT, self.ctx.owner)
 
 
 class Survey(StepOut):
@@ -258,7 +257,7 @@ def after_suspend(ctx: Context, nodes: Sequence[str]) -> list[Step]:
 def outlook(config: Config, states: Mapping[str, NodeState] | None, now: float) -> list[str]:
     """status's lines: each node set out of Slurm's way (or short and about to be), since when, why, until
     when, and its nodes drained."""
-    shortages = ShortageLog(config.power.lock_dir)
+    shortages = ShortageLog.of(config)
     cooldown = config.power.shortage_cooldown
     lines = []
     for nodeset in config.nodesets:

@@ -34,7 +34,7 @@ def created(sim) -> int:
 
 
 def state(setup, nodes: str = "gpu[01-08]") -> Protection | None:
-    return ProtectLog(load_config(setup.config, setup.env).power.lock_dir).read(nodes)
+    return ProtectLog.of(load_config(setup.config, setup.env)).read(nodes)
 
 
 def test_a_template_that_boots_nothing_costs_three_vms_then_resume_creates_none(sim, setup) -> None:
@@ -195,11 +195,12 @@ def test_a_poll_that_sees_a_good_boot_and_failures_counts_the_good_boot(tmp_path
     from slurm_nebula_power.protect import Guard
 
     power = SimpleNamespace(lock_dir=tmp_path, protect_after=3, protect_for=100.0)
-    guard = Guard(SimpleNamespace(config=SimpleNamespace(power=power), owner=None), {})  # type: ignore[arg-type]
+    config = SimpleNamespace(power=power, slurm=SimpleNamespace(cluster="c"))
+    guard = Guard(SimpleNamespace(config=config, owner=None), {})  # type: ignore[arg-type]
     nodeset = SimpleNamespace(nodes_expr="gpu[01-99]", nodes=("gpu01",))
     guard.note(nodeset, 2, ["VM failed to boot"] * 2)  # type: ignore[arg-type]
     guard.note(nodeset, 1, ["VM failed to boot"] * 5)  # type: ignore[arg-type]
-    assert ProtectLog(tmp_path).read("gpu[01-99]") is None and guard.holding(nodeset) is None  # type: ignore[arg-type]
+    assert ProtectLog(tmp_path, cluster="c").read("gpu[01-99]") is None and guard.holding(nodeset) is None  # type: ignore[arg-type]
     guard.note(nodeset, 0, ["VM failed to boot"] * 3)  # type: ignore[arg-type]
     assert "protected after 3 boot failures" in (guard.holding(nodeset) or "")  # type: ignore[arg-type]
 
@@ -232,7 +233,8 @@ def test_a_protected_node_sets_vm_whose_host_left_service_is_not_placed_again(tm
     from slurm_nebula_power.protect import Guard
 
     power = SimpleNamespace(lock_dir=tmp_path, protect_after=3, protect_for=100.0)
-    ctx = SimpleNamespace(config=SimpleNamespace(power=power), owner=None, observe=lambda node, vm: None)
+    ctx = SimpleNamespace(config=SimpleNamespace(power=power, slurm=SimpleNamespace(cluster="c")), owner=None,
+                          observe=lambda node, vm: None)
     guard = Guard(ctx, {})  # type: ignore[arg-type]
     nodeset = SimpleNamespace(nodes_expr="gpu[01-99]", nodes=("gpu01",))
     boot = Boot("gpu01", nodeset, 1000.0, vm_id=5)  # type: ignore[arg-type]

@@ -133,7 +133,7 @@ def test_a_planted_shortage_file_is_no_cooldown_and_leaks_nothing(setup, plant: 
 
     locks = setup.root / "locks"
     locks.mkdir(exist_ok=True)
-    state = ShortageLog(locks).path("gpu[01-08]")
+    state = ShortageLog(locks, cluster="testcluster").path("gpu[01-08]")  # make_setup's ClusterName
     if plant == "symlink-to-credentials":
         state.symlink_to(setup.root / "one_auth")
     elif plant == "fifo":

@@ -142,7 +142,7 @@ def test_a_short_node_set_drains_its_powered_down_nodes_and_steps_back_in_when_g
                        "gpa3": ADMIN, "gpa4": ("ALLOCATED+CLOUD", "")})
     ctx, audit = context(tmp_path, slurm)
     clock = Clock()
-    shortages = ShortageLog(ctx.config.power.lock_dir, clock=clock)
+    shortages = ShortageLog.of(ctx.config, clock=clock)
     nodeset = ctx.config.nodesets[0]
     shortages.record(nodeset.nodes_expr, COUNT, 0, "GPU shortage (job 7: needs 2 GPUs 10de:2330, 0 free)", [GPU], 2)
     stepper = StepOut(ctx, shortages, clock)
@@ -172,7 +172,7 @@ def test_still_short_at_the_cooldowns_end_stays_out_and_the_cooldown_starts_agai
     slurm = FakeSlurm({"gpa1": ("IDLE+CLOUD+POWERED_DOWN", "")})
     ctx, _ = context(tmp_path, slurm)
     clock = Clock()
-    shortages = ShortageLog(ctx.config.power.lock_dir, clock=clock)
+    shortages = ShortageLog.of(ctx.config, clock=clock)
     nodeset = ctx.config.nodesets[0]
     shortages.record(nodeset.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
     clock.now += COOLDOWN + 1
@@ -190,7 +190,7 @@ def test_a_lost_or_planted_shortage_file_keeps_no_node_out(tmp_path, damage: str
     out = ("IDLE+CLOUD+DRAIN+POWERED_DOWN", "nebula: out of service since 10:00:00, back when GPUs return")
     slurm = FakeSlurm({"gpa1": out, "gpa2": out, "gpa3": ADMIN})
     ctx, _ = context(tmp_path, slurm)
-    shortages = ShortageLog(ctx.config.power.lock_dir, clock=Clock())
+    shortages = ShortageLog.of(ctx.config, clock=Clock())
     nodeset = ctx.config.nodesets[0]
     shortages.record(nodeset.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
     path = shortages.path(nodeset.nodes_expr)
@@ -214,7 +214,7 @@ def test_a_lost_or_planted_shortage_file_keeps_no_node_out(tmp_path, damage: str
 def test_slurmctld_down_while_stepping_out_loses_nothing(tmp_path) -> None:
     slurm = FakeSlurm({"gpa1": ("IDLE+CLOUD+POWERED_DOWN", "")})
     ctx, _ = context(tmp_path, slurm)
-    shortages = ShortageLog(ctx.config.power.lock_dir, clock=Clock())
+    shortages = ShortageLog.of(ctx.config, clock=Clock())
     nodeset = ctx.config.nodesets[0]
     shortages.record(nodeset.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
     slurm.unreachable = True
@@ -230,7 +230,7 @@ def test_suspend_drains_the_nodes_it_powers_down_only_while_the_node_set_is_shor
                        "gpb1": ("IDLE+CLOUD+POWERING_DOWN", "")})
     ctx, _ = context(tmp_path, slurm)
     assert after_suspend(ctx, ["gpa1", "gpb1"]) == []  # no shortage: nothing
-    ShortageLog(ctx.config.power.lock_dir).record("gpa[1-4]", COUNT, 0, "GPU shortage", [GPU], 2)
+    ShortageLog.of(ctx.config).record("gpa[1-4]", COUNT, 0, "GPU shortage", [GPU], 2)
     steps = after_suspend(ctx, ["gpa1", "gpb1"])
     assert [(s.nodeset.nodes_expr, s.out, s.nodes) for s in steps] == [("gpa[1-4]", True, ("gpa1",))]
     assert slurm.states["gpb1"] == ("IDLE+CLOUD+POWERING_DOWN", "")
@@ -240,7 +240,7 @@ def test_the_step_lock_is_not_a_file_others_can_replace(tmp_path) -> None:
     slurm = FakeSlurm({"gpa1": ("IDLE+CLOUD+POWERED_DOWN", "")})
     ctx, _ = context(tmp_path, slurm)
     nodeset = ctx.config.nodesets[0]
-    ShortageLog(ctx.config.power.lock_dir).record(nodeset.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
+    ShortageLog.of(ctx.config).record(nodeset.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
     locks = list(ctx.config.power.lock_dir.glob("stepout-*.lock"))
     assert locks == []
     StepOut(ctx).settle(nodeset, lambda: None)
@@ -293,7 +293,7 @@ def test_racing_steps_leave_a_node_set_out_or_in_never_half(tmp_path) -> None:
     slurm = SlowSlurm(nodes)
     ctx, _ = context(tmp_path, slurm)
     nodeset = ctx.config.nodesets[0]
-    shortages = ShortageLog(ctx.config.power.lock_dir)
+    shortages = ShortageLog.of(ctx.config)
     for _ in range(10):
         shortages.record(nodeset.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
         barrier = threading.Barrier(3)
@@ -323,7 +323,7 @@ def test_status_says_which_node_sets_are_out_since_when_why_and_until_when(tmp_p
     out = ("IDLE+CLOUD+DRAIN+POWERED_DOWN", "nebula: out of service since 10:00:00, back when GPUs return")
     slurm = FakeSlurm({"gpa1": out, "gpa2": ("IDLE+CLOUD+POWERED_DOWN", ""), "gpb1": out})
     ctx, _ = context(tmp_path, slurm)
-    ShortageLog(ctx.config.power.lock_dir, clock=lambda: NOW).record(
+    ShortageLog.of(ctx.config, clock=lambda: NOW).record(
         "gpa[1-4]", COUNT, 0, "GPU shortage (job 7: needs 2 GPUs 10de:2330, 0 free)", [GPU], 2)
     lines = outlook(ctx.config, slurm.node_states(["gpa1", "gpa2", "gpb1"]), NOW + 10)
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(NOW))
@@ -332,3 +332,24 @@ def test_status_says_which_node_sets_are_out_since_when_why_and_until_when(tmp_p
         f"gpa[1-4] out of Slurm's way since {since} (GPU shortage (job 7: needs 2 GPUs 10de:2330, 0 free)); back "
         f"when GPUs return, checked by {until} at the latest; drained: gpa1",
         "gpb[1-2]: gpb1 drained for a shortage no longer on record: the next reconcile steps them back in"]
+
+
+def test_two_configurations_sharing_a_lock_dir_keep_their_node_sets_state_apart(tmp_path) -> None:
+    # issue 34, item 14: a test configuration on the controller (another ClusterName, the default lock_dir)
+    # must not put production's node set of the same hostlist in protected mode or its cooldown
+    from slurm_nebula_power.protectlog import ProtectLog
+
+    ctx, _ = context(tmp_path, FakeSlurm({}))
+    lock_dir = ctx.config.power.lock_dir
+    ShortageLog(lock_dir, cluster="test").record("gpa[1-4]", COUNT, 0, "GPU shortage", [GPU], 2)
+    ProtectLog(lock_dir, cluster="test").failed("gpa[1-4]", 5, "VM failed", 3, 1800)
+    assert ShortageLog.of(ctx.config).read("gpa[1-4]") is None
+    assert ProtectLog.of(ctx.config).read("gpa[1-4]") is None
+    ShortageLog.of(ctx.config).record("gpa[1-4]", COUNT, 0, "GPU shortage", [GPU], 2)
+    assert ShortageLog.of(ctx.config).read("gpa[1-4]") is not None
+    assert ShortageLog(lock_dir, cluster="test").read("gpa[1-4]") is not None
+    assert len(list(lock_dir.glob("shortage-*.json"))) == 2
+    # a file copied under the other cluster's name is not taken either (its content names its cluster)
+    ours = ShortageLog.of(ctx.config).path("gpa[1-4]")
+    ShortageLog(lock_dir, cluster="test").path("gpa[1-4]").write_bytes(ours.read_bytes())
+    assert ShortageLog(lock_dir, cluster="test").read("gpa[1-4]") is None

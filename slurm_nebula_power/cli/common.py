@@ -222,7 +222,7 @@ def run_figures(config: Config, program: str, outcome: Outcome | None, recorder:
         figures.gauges["vms"] = len(ours)
         figures.gauges["gpus_held"] = sum(1 for vm in ours for gpu in vm.gpus if gpu.assigned)
     if program in ("resume", "reconcile"):  # reconcile's timer keeps it fresh, resume as it changes
-        store, now = ProtectLog(config.power.lock_dir), time.time()
+        store, now = ProtectLog.of(config), time.time()
         for each in config.nodesets:
             state = store.read(each.nodes_expr) if store.path(each.nodes_expr).exists() else None
             protected = state is not None and state.active(now, config.power.protect_for)

@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     def work(args: argparse.Namespace, config: Config) -> Callable[[], int]:
         chosen = _chosen(config, args.nodes, args.all)
-        store = ProtectLog(config.power.lock_dir, owner=service_owner(config))
+        store = ProtectLog.of(config, service_owner(config))
         now = time.time()
         lines, failed = [], False
         for nodeset in chosen:
