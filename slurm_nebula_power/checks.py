@@ -31,10 +31,10 @@ from .operation import Cloud
 from .placecheck import check_placement
 from .shapes import (
     MEMORY_RATIO,
-    RESUME_MARGIN,
     Shape,
     read_shapes,
     real_memory,
+    resume_timeout_for,
 )
 from .slurm import find_scontrol, slurm_version
 from .slurmchecks import (
@@ -288,7 +288,7 @@ def check_burst_time(report: Report, config: Config, per_plan: int) -> None:
                     f"{how}: above its boot_timeout {nodeset.boot_timeout:g} s, so its nodes still unsent by "
                     "then are handed back to Slurm as failed",
                     f"set boot_timeout = {boot} (the time to send them all plus the boot time allowed now) and "
-                    f"ResumeTimeout={boot + RESUME_MARGIN}, or let more hosts take VMs")
+                    f"ResumeTimeout={resume_timeout_for(config, boot)}, or let more hosts take VMs")
 
 
 def _against_slurm_conf(report: Report, nodeset: NodeSet, shape: Shape, conf: SlurmConf) -> None:

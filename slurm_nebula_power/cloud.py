@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 import tenacity
 
 from .config import OneConfig
-from .errors import CloudError, TransientCloudError, VmNotFound
+from .errors import CloudError, TransientCloudError, UnreadableAnswer, VmNotFound
 from .grants import Rights, config_levels, group_levels, user_from_xml
 from .hosts import Host, VmNeeds, host_gpus, hosts_from_xml, vm_needs_from_xml
-from .model import Vm, vms_from_xml
+from .model import Vm, refuse_doctype, vms_from_xml
 from .onerpc import NO_EXISTS, OneRpc, ssl_context
 from .owned import IMAGE, NETWORK, Kind, Owned, owned_from_xml
 
@@ -25,12 +25,13 @@ T = TypeVar("T")
 
 
 def _parsed(method: str, parse: Callable[[str], T], text: object) -> T:
-    """An oned document parsed; a malformed one (truncated, a field that is not a number) is a transient
-    error of its call, like an answer that never came, never a crash of the program."""
+    """An oned document parsed; a malformed one (truncated, a field that is not a number) is a failure of its
+    call (UnreadableAnswer, not retried), never a crash of the program."""
     try:
+        refuse_doctype(str(text))
         return parse(str(text))
     except (ET.ParseError, ValueError) as exc:
-        raise TransientCloudError(f"[one.{method}] unreadable document: {str(exc)[:120]}") from None
+        raise UnreadableAnswer(f"[one.{method}] unreadable document: {str(exc)[:120]}") from None
 
 
 @dataclass
@@ -66,6 +67,10 @@ class OneCloud:
         self.retry_seconds = config.retry_seconds if retry_seconds is None else retry_seconds
         self.stats = CallStats()
         self.last_vms: list[Vm] | None = None  # the latest pool query's answer (the metrics' gauges)
+        # when every call has failed since (monotonic), shared by the run's calls: once OpenNebula has not
+        # answered for retry_seconds, a call tries once and fails, so a run with oned gone ends within about
+        # retry_seconds rather than retry_seconds per call (142 calls once took 316 s to hand 4 nodes back)
+        self.failing_since: float | None = None
         self._local = threading.local()
         self._tls = ssl_context(config.https_verify, config.ca_file) if config.endpoint.startswith("https") else None
 
@@ -84,18 +89,23 @@ class OneCloud:
         budget = self.retry_seconds
         if deadline is not None:
             budget = max(0.0, min(budget, deadline - started))
+        if self.failing_since is not None:  # the outage's window is the run's, not each call's
+            budget = max(0.0, min(budget, self.failing_since + self.retry_seconds - started))
         # The first attempt runs outside tenacity (its machinery costs ~45 us a call, and 1,000-node
         # runs make 1,000 calls that nearly all succeed at once); a transient failure is replayed
         # into the same schedule, so delays, budget, counts and log lines are as if tenacity ran it.
         self.stats.add(calls=1)
         try:
-            return fn(self._rpc())
+            return self._answered(fn(self._rpc()))
         except TransientCloudError as exc:
-            if not retry:
+            if not isinstance(exc, UnreadableAnswer) and self.failing_since is None:
+                self.failing_since = started
+            if not retry or isinstance(exc, UnreadableAnswer):
                 raise
             failed = [exc]
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(TransientCloudError),
+            retry=tenacity.retry_if_exception(
+                lambda exc: isinstance(exc, TransientCloudError) and not isinstance(exc, UnreadableAnswer)),
             stop=tenacity.stop_after_delay(max(0.0, budget - (time.monotonic() - started))),
             # retry_backoff, doubling up to 5 s, plus up to 2.5 x retry_backoff of jitter (spreads
             # the retries of many parallel calls that failed together)
@@ -110,8 +120,12 @@ class OneCloud:
                 if failed:
                     raise failed.pop()  # attempt 1, made above
                 self.stats.add(calls=1)
-                return fn(self._rpc())
+                return self._answered(fn(self._rpc()))
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _answered(self, value: T) -> T:
+        self.failing_since = None  # OpenNebula answers again: the next failure starts a window of its own
+        return value
 
     def _before_sleep(self, what: str) -> Callable[[tenacity.RetryCallState], None]:
         def before_sleep(state: tenacity.RetryCallState) -> None:
@@ -148,7 +162,7 @@ class OneCloud:
         vms: list[Vm] = self.call(f"vm.info {vm_id}",
                                   lambda s: _parsed("vm.info", vms_from_xml, s.call("vm.info", vm_id, False)))
         if not vms:
-            raise TransientCloudError(f"[one.vm.info] unreadable document: no VM {vm_id} in it")
+            raise UnreadableAnswer(f"[one.vm.info] unreadable document: no VM {vm_id} in it")
         return vms[0]
 
     def host_gpus(self) -> tuple[int, int]:
@@ -174,7 +188,7 @@ class OneCloud:
         hosts: list[Host] = self.call(f"host.info {host_id}", lambda s: _parsed(
             "host.info", hosts_from_xml, s.call("host.info", host_id, False)))
         if not hosts:
-            raise TransientCloudError(f"[one.host.info] unreadable document: no host {host_id} in it")
+            raise UnreadableAnswer(f"[one.host.info] unreadable document: no host {host_id} in it")
         return hosts[0]
 
     def template_id(self, ref: str | int) -> int:

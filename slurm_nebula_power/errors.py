@@ -60,6 +60,13 @@ class TransientCloudError(CloudError):
     """Worth retrying: connection errors, timeouts, HTTP 5xx, INTERNAL, LOCKED."""
 
 
+class UnreadableAnswer(TransientCloudError):
+    """An answer that came whole but cannot be parsed (a field that is not a number, a truncated or altered
+    document): a failure of its call as an answer that never came is, but never retried, since the same
+    answer again parses no better (a host pool retried for retry_seconds once took a resume's whole
+    boot_timeout)."""
+
+
 class EndpointError(CloudError):
     """The endpoint as configured cannot serve (its host name, its TLS certificate): nothing was sent, never
     retried; `problem` and `fix` apart for `check`, both in the message."""

@@ -245,15 +245,31 @@ def _interpreter(program: Path) -> str | None:
     return words[0] if words else None
 
 
-def others_can_write(path: Path) -> bool:
-    """Writable by others, or in a directory others can write without the sticky bit (a rename replaces
-    it): whoever can do that chooses what runs as SlurmUser."""
+def who_can_change(path: Path) -> str | None:
+    """Who, besides root, can change what path holds: its owner when not root (a SlurmUser-owned file decides
+    what a root run does), its group or others when they can write it (its group root's aside), or write its
+    directory without the sticky bit (a rename replaces it); None: root alone."""
     try:
         info, parent = path.stat(), path.parent.stat()
     except OSError:
-        return False
-    loose_parent = parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX
-    return bool(info.st_mode & stat.S_IWOTH or loose_parent)
+        return None
+    if info.st_uid != 0:
+        return f"its owner {user_name(info.st_uid)}"
+    for node, through in ((info, ""), (parent, f" (through its directory {path.parent})")):
+        if node is parent and node.st_mode & stat.S_ISVTX:
+            continue
+        if node.st_mode & stat.S_IWOTH:
+            return "other users" + through
+        if node.st_mode & stat.S_IWGRP and node.st_gid != 0:
+            return f"the group {_group(node.st_gid)}" + through
+    return None
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def check_ownership(report: Report, config: Config, slurm_user: pwd.struct_passwd | None = None) -> None:
@@ -264,9 +280,12 @@ def check_ownership(report: Report, config: Config, slurm_user: pwd.struct_passw
              ("[slurm] prolog_chain", config.slurm.prolog_chain, "slurmctld runs it for every job"),
              ("[opennebula] ca_file", config.opennebula.ca_file, "it decides which server gets the session")]
     for what, path, why in named:
-        if path is not None and others_can_write(path):
-            report.problem(f"{what} {path}", f"writable by other users: {why}",
-                           f"chmod o-w {path} {path.parent} (and chown it to root)")
+        if path is None:
+            continue
+        who = who_can_change(path)
+        if who is not None:
+            report.problem(f"{what} {path}", f"{who} can change it, not root alone: {why}",
+                           f"chown root {path} && chmod go-w {path} {path.parent}")
     directories = [("lock_dir", config.power.lock_dir, "the node locks and shortage state")]
     if config.log.audit_file is not None:
         directories.append(("audit_file's directory", config.log.audit_file.parent, "the usage records"))
@@ -284,11 +303,19 @@ def check_ownership(report: Report, config: Config, slurm_user: pwd.struct_passw
             report.problem(f"{what} {directory}", f"owned by {owner}, neither root nor SlurmUser: {owner} can "
                            f"plant links, FIFOs or files in place of {holds}, and the programs trust their "
                            "directory's owner", f"chown {slurm_user.pw_name} {directory}")
+        elif mode & (stat.S_IWGRP | stat.S_IWOTH) and mode & stat.S_ISVTX and what.startswith("audit_file"):
+            who = "other users" if mode & stat.S_IWOTH else "its group"
+            report.problem(f"{what} {directory}", f"writable by {who}: the sticky bit does not stop them planting "
+                           "rotated copies (audit.jsonl.1...) that `usage` would bill", f"chmod go-w {directory}")
         elif mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
             who = "other users" if mode & stat.S_IWOTH else "its group"
             report.problem(f"{what} {directory}", f"writable by {who}, without the sticky bit: they can plant "
                            f"links, FIFOs or files in place of {holds}, or remove them",
                            f"chmod go-w {directory} (or chmod +t {directory} where others must write there)")
+        if what == "lock_dir" and mode & (stat.S_IXOTH | stat.S_IROTH):
+            report.problem(f"{what} {directory}", "other users can look up its files: one may open a lock file an "
+                           "older version left readable and flock it, holding its node (and the node's GPUs) "
+                           "for ever", f"chmod o-rwx {directory}")
 
 
 def check_transport(report: Report, config: Config) -> None:

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from xml.parsers import expat
 
 # VM STATE numbers (include/VirtualMachine.h, VmState)
 INIT, PENDING, HOLD, ACTIVE, STOPPED, SUSPENDED, DONE = 0, 1, 2, 3, 4, 5, 6
@@ -130,6 +131,28 @@ def state_name(state: int) -> str:
 
 GPU_VENDORS = ("10de", "1002")  # NVIDIA, AMD: a PCI device of theirs without CLASS is taken as a GPU
 
+
+_DECLARATION = re.compile(r"<!(?:DOCTYPE|ENTITY)", re.IGNORECASE)
+
+
+def refuse_doctype(text: str) -> None:
+    """ValueError when a document declares a DOCTYPE: oned's never do, and its entities would expand far past
+    the answer's size bound (a 457 KB answer took a resume to 1.6 GB). The words inside a CDATA value a guest
+    wrote are text, not a declaration: only a document holding them is scanned by expat, which stops at the
+    first declaration, before any entity is defined."""
+    if not _DECLARATION.search(text):
+        return
+
+    def refuse(*_: object) -> None:
+        raise ValueError("a DOCTYPE, which oned never sends")
+
+    parser = expat.ParserCreate()
+    parser.StartDoctypeDeclHandler = refuse
+    parser.EntityDeclHandler = refuse
+    try:
+        parser.Parse(text, True)
+    except expat.ExpatError:
+        pass  # malformed without a declaration: the parse that follows says so
 
 @dataclass(frozen=True)
 class Pci:
@@ -273,12 +296,10 @@ class Vm:
         """Identity, from what a guest cannot write: NAME is the node AND the CONTEXT set at instantiate names
         this cluster and node (TEMPLATE/CONTEXT; OneGate writes only USER_TEMPLATE).
 
-        VMs made before CONTEXT carried SLURM_CLUSTER (0.1.0) have the cluster only in USER_TEMPLATE: they
-        count while that tag is unchanged; a guest that rewrites it makes them impostors, reported."""
-        if self.name != node or self.context.get(TAG_NODE) != node:
-            return False
-        claimed = self.context.get(TAG_CLUSTER)
-        return claimed == cluster or (claimed is None and self.user_template.get(TAG_CLUSTER) == cluster)
+        Never USER_TEMPLATE: a VM instantiated by hand from the printed template has the node in CONTEXT and
+        no cluster there, and its guest could write the cluster into USER_TEMPLATE and make the VM the
+        node's (the rule kept for 0.1.0's VMs, which is gone: docs/upgrading.md)."""
+        return self.name == node and self.context.get(TAG_NODE) == node and self.context.get(TAG_CLUSTER) == cluster
 
     def is_impostor(self, cluster: str, nodes: Container[str]) -> bool:
         """Named like one of our nodes but failing identity, and not another cluster's by its CONTEXT: a VM

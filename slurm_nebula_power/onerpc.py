@@ -37,8 +37,10 @@ from .errors import (
     CredentialsRefused,
     QuotaExceeded,
     TransientCloudError,
+    UnreadableAnswer,
     VmNotFound,
 )
+from .model import refuse_doctype
 
 # oned's error codes (include/Request.h)
 AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION = 0x100, 0x200, 0x400, 0x800
@@ -57,6 +59,10 @@ class NoConnection(Exception):
 
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect: on a reachable front end a connect takes milliseconds
+
+
+def _no_doctype(*_: object) -> None:
+    raise ValueError("a DOCTYPE, which oned never sends")
 
 
 class Transport(xmlrpc.client.Transport):
@@ -145,6 +151,8 @@ class Transport(xmlrpc.client.Transport):
         body = b"".join(pieces)
         unmarshaller = xmlrpc.client.Unmarshaller()
         parser = expat.ParserCreate(None, None)
+        parser.StartDoctypeDeclHandler = _no_doctype  # nor entities: expanded, they would pass max_answer_mb
+        parser.EntityDeclHandler = _no_doctype
         parser.StartElementHandler = unmarshaller.start
         parser.EndElementHandler = unmarshaller.end
         parser.CharacterDataHandler = unmarshaller.data
@@ -255,6 +263,10 @@ class OneRpc:
     def __init__(self, endpoint: str, session: str, timeout: float,
                  tls: Tls | None, max_answer: int = 64 << 20) -> None:
         self.session = session
+        # what an answer must never carry into a log line, an error or a node's Reason: the session, and its
+        # secret part alone (a password or token of a few characters would also hide ordinary words)
+        secret = session.partition(":")[2]
+        self.secrets = tuple(s for s in (session, secret) if len(s) >= 6)
         self.transport = Transport(timeout, tls, max_answer)
         self.proxy = xmlrpc.client.ServerProxy(endpoint, transport=self.transport)
         url = urlsplit(endpoint)
@@ -267,10 +279,10 @@ class OneRpc:
         try:
             answer = getattr(self.proxy, name)(*args)
         except xmlrpc.client.Fault as exc:
-            raise CloudError(f"[{name}] XML-RPC fault {exc.faultCode}: {exc.faultString}") from None
+            raise CloudError(f"[{name}] XML-RPC fault {exc.faultCode}: {self.outside(exc.faultString)}") from None
         except xmlrpc.client.ProtocolError as exc:
             error = TransientCloudError if exc.errcode >= 500 else CloudError
-            raise error(f"[{name}] HTTP {exc.errcode} {exc.errmsg}") from None
+            raise error(f"[{name}] HTTP {exc.errcode} {self.outside(exc.errmsg, 200)}") from None
         except NoConnection as exc:
             raise TransientCloudError(f"[{name}] {exc}") from None
         except TimeoutError:
@@ -280,27 +292,37 @@ class OneRpc:
         except (OSError, http.client.HTTPException) as exc:  # refused, reset, closed early, TLS, DNS
             raise self.peer.failure(name, exc) from None
         except (xmlrpc.client.ResponseError, ValueError, ExpatError) as exc:  # ResponseError(): no text
-            raise TransientCloudError(f"[{name}] unreadable answer: {str(exc) or 'not a whole XML-RPC answer'}") \
-                from None
+            said = self.outside(str(exc), 200) or "not a whole XML-RPC answer"
+            raise UnreadableAnswer(f"[{name}] unreadable answer: {said}") from None
         if not isinstance(answer, list) or len(answer) < 2 or not isinstance(answer[0], bool):
             raise TransientCloudError(f"[{name}] unreadable answer: not oned's [success, value, ...] array")
         if not answer[0]:
             code = answer[2] if len(answer) > 2 and type(answer[2]) is int else 0
-            raise translate(str(answer[1])[:1000], code)
+            raise translate(self.outside(str(answer[1])), code)
         return answer[1]
+
+    def outside(self, text: str, most: int = 1000) -> str:
+        """Text an answer brought (a fault, oned's error message), fit to log, raise or give Slurm: cut to `most`
+        characters and without the session (an endpoint that echoes the call's parameters would publish it)."""
+        text = str(text)[:most + max((len(s) for s in self.secrets), default=0)]
+        for secret in self.secrets:
+            text = text.replace(secret, "<session>")
+        return text[:most]
 
     def document(self, method: str, *params: Any) -> Any:
         """Call one.<method> and bind its XML document to pyone's objects (small answers only); a document
-        pyone cannot bind (an ID that is not a number, a truncated answer) is a transient error of the call,
-        as for the VM and host pools, never a crash of the program."""
+        pyone cannot bind (an ID that is not a number, a truncated answer) is a failure of the call
+        (UnreadableAnswer, not retried), as for the VM and host pools, never a crash of the program."""
         text = str(self.call(method, *params))
-        if "<!DOCTYPE" in text.upper():  # oned sends none; lxml before 5 resolves a DOCTYPE's file entities
-            raise TransientCloudError(f"[one.{method}] unreadable document (a DOCTYPE, which oned never sends)")
+        try:  # oned sends none; lxml before 5 resolves a DOCTYPE's file entities
+            refuse_doctype(text)
+        except ValueError:
+            raise UnreadableAnswer(f"[one.{method}] unreadable document (a DOCTYPE, which oned never sends)") from None
         try:
             return pyone.bindings.parseString(text.encode("utf-8"))
         except Exception:  # pyone's generated binder raises its own GDSParseError, the XML parser's; their text
             # may quote the document, which can hold the munge key (a template's CONTEXT): never shown
-            raise TransientCloudError(f"[one.{method}] unreadable document: pyone cannot bind it (a truncated or "
+            raise UnreadableAnswer(f"[one.{method}] unreadable document: pyone cannot bind it (a truncated or "
                                       "altered answer, or one of an OpenNebula release it does not know)") from None
 
 

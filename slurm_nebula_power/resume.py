@@ -115,7 +115,8 @@ class _Resume:
                     self.waves.waiting.append((boot, plan))
                 else:
                     boot.future = self.pool.submit(self._start, boot, plan)
-            self._send({vm.id: vm for vm in vms}, ctx.clock())
+            first = {vm.id: vm for vm in vms}
+            self._expire(self._send(first, ctx.clock()), first)  # a slow host pool read can take boot_timeout
             self._watch(boots)
             # A backup controller that took over meanwhile may not have the addresses: tell them again.
             ctx.slurm.confirm_addresses({node: addr for node in self.outcome.done
@@ -285,14 +286,17 @@ class _Resume:
                 self._give_up(failed, snapshot, reason)
             if failures:
                 self._drag(snapshot)
-            expired = self._send(seen, now)
-            if expired:
-                reason = (f"not sent within boot_timeout: oned placed too few of the VMs before it "
-                          f"(max_pending {ctx.config.opennebula.max_pending})")
-                self._give_up(expired, snapshot, reason)
-                self._drag(snapshot)
+            self._expire(self._send(seen, now), snapshot)
             settled = set(self.outcome.done) | set(self.outcome.failed_nodes)
             active = [b for b in active if b.node not in settled]
+
+    def _expire(self, expired: list[Boot], snapshot: Mapping[int, Vm]) -> None:
+        """Give up the nodes no wave sent within boot_timeout, and what their jobs drag down."""
+        if expired:
+            reason = (f"not sent within boot_timeout: oned placed too few of the VMs before it, or OpenNebula "
+                      f"answered too slowly (max_pending {self.ctx.config.opennebula.max_pending})")
+            self._give_up(expired, snapshot, reason)
+            self._drag(snapshot)
 
     def _snapshot(self, known: Sequence[Boot], now: float,
                   failures: dict[str, list[Boot]]) -> dict[int, Vm] | None:

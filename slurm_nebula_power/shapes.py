@@ -18,7 +18,7 @@ from .config import Config, NodeSet
 from .domains import Topology, topology
 from .errors import CloudError, CredentialsRefused, TransientCloudError, first_line
 from .hostlists import fold
-from .model import Pci
+from .model import Pci, printable
 from .operation import Cloud
 from .template import DEFAULT_GPU_VENDOR, gpus_of
 
@@ -82,11 +82,30 @@ def model_feature(vendor: str, device: str, profile: str) -> str:
     return f"gpu_{token}"[:64] if token else ""
 
 
+PCI_ID = re.compile(r"[0-9A-Fa-f]{4}")  # a PCI VENDOR or DEVICE id
+PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.:()/+-]{0,63}")  # nvidia-558, NVIDIA L40S-1B, GRID T4-2Q
+
+
+def _checked(gpus: list[Pci], tid: int) -> list[Pci]:
+    """The template's GPU entries, each value that reaches a generated file (gres.conf, slurm.conf's comments)
+    checked: ValueError naming the template and the key otherwise (a PROFILE with a newline once wrote a
+    whole gres.conf line of OpenNebula's choosing)."""
+    for gpu in gpus:
+        for key, value, rule, what in (("VENDOR", gpu.vendor, PCI_ID, "4 hex digits"),
+                                       ("DEVICE", gpu.device, PCI_ID, "4 hex digits"),
+                                       ("PROFILE", gpu.profile, PROFILE, "a profile name")):
+            if value and not rule.fullmatch(value):
+                raise ValueError(f"template {tid}: PCI {key} {printable(value[:40])!r} is not {what}: fix the "
+                                 "template (onetemplate update)")
+    return gpus
+
+
 def template_shape(template: Mapping[str, Any], tid: int) -> Shape:
-    """The Shape of a VM built from this template (oned gives one vCPU when VCPU is unset)."""
+    """The Shape of a VM built from this template (oned gives one vCPU when VCPU is unset); ValueError when a
+    GPU entry holds a value no generated file may carry."""
     vcpu = _number(template.get("VCPU", 1)) or 1
     memory = _number(template.get("MEMORY", 0)) or 0
-    gpus = gpu_entries(template.get("PCI"))
+    gpus = _checked(gpu_entries(template.get("PCI")), tid)
     vendors = {gpu.vendor.lower() for gpu in gpus}
     profiles = {gpu.profile for gpu in gpus}
     models = {model_feature(gpu.vendor, gpu.device, gpu.profile) for gpu in gpus}
@@ -127,10 +146,25 @@ def read_shapes(config: Config, cloud: Cloud, unreachable_raises: bool = False
             out.append((nodeset, None, first_line(exc)))
         except CloudError as exc:
             out.append((nodeset, None, first_line(exc)))
+        except ValueError as exc:  # a value from OpenNebula no generated file may carry
+            out.append((nodeset, None, str(exc)))
     return out
 
 
 # ---- writing slurm.conf lines -----------------------------------------------------------------------
+
+
+def outage_bound(config: Config) -> int:
+    """Seconds a resume may go on after boot_timeout when OpenNebula goes away mid-run: the run's retry window
+    (retry_seconds, shared by its calls: cloud.OneCloud) and the call in flight (timeout), then every call
+    fails at once and the nodes are handed back (docs/behaviour.md)."""
+    return math.ceil(config.opennebula.retry_seconds + config.opennebula.timeout)
+
+
+def resume_timeout_for(config: Config, boot: float) -> int:
+    """ResumeTimeout for a longest boot_timeout of `boot`: room for the guest to start slurmd once its VM runs
+    (RESUME_MARGIN), and at least for a resume to hand its nodes back with OpenNebula gone."""
+    return math.ceil(boot) + max(RESUME_MARGIN, outage_bound(config) + 30)
 
 
 def program_path(name: str) -> tuple[Path, bool]:
@@ -212,7 +246,7 @@ def partition_of(nodeset: NodeSet, shape: Shape) -> str:
 def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: tuple[int, int] | None,
              notes: Sequence[str] = ()) -> list[str]:
     """Every slurm.conf line for this configuration, with comments that say why."""
-    resume_timeout = math.ceil(max(ns.boot_timeout for ns in config.nodesets)) + RESUME_MARGIN
+    resume_timeout = resume_timeout_for(config, max(ns.boot_timeout for ns in config.nodesets))
     suspend_timeout = math.ceil(config.power.suspend_timeout) + SUSPEND_MARGIN
     lines = [f"# slurm.conf lines from slurm-nebula-power {__version__} for {config.path}",
              "# Paste them into slurm.conf (merge SlurmctldParameters with yours) and restart slurmctld.",

@@ -87,21 +87,45 @@ def slurm_version(config: Config, environ: Mapping[str, str]) -> tuple[int, int]
         return None
 
 
+MOST_RESUME_FILE = 64 << 20  # bytes of SLURM_RESUME_FILE read at most (a 10,000-job file is a few MB)
+MOST_JOB_ID = 0xFFFFFFFD  # Slurm's job ids are uint32, the top values NO_VAL and INFINITE
+
+
+def _job_id(value: object) -> int:
+    """A job id as Slurm writes one: a JSON integer from 1 to MOST_JOB_ID (not 1e30, 2**40, -5, true)."""
+    if type(value) is not int or not 0 < value <= MOST_JOB_ID:
+        raise ValueError(f"job_id {str(value)[:20]} is not a Slurm job id")
+    return value
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
 def jobs_from_resume_file(environ: Mapping[str, str]) -> dict[str, list[int]]:
-    """Job ids per node from SLURM_RESUME_FILE (22.05 `nodes`, 23.02+ `nodes_resume`); {} when absent."""
+    """Job ids per node from SLURM_RESUME_FILE (22.05 `nodes`, 23.02+ `nodes_resume`); {} when absent, and
+    when the file is not what slurmctld writes (logged: the run goes on without job ids)."""
     path = environ.get("SLURM_RESUME_FILE")
     if not path:
         return {}
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        with open(path, "rb") as handle:
+            raw = handle.read(MOST_RESUME_FILE + 1)
+        if len(raw) > MOST_RESUME_FILE:
+            raise ValueError(f"larger than {MOST_RESUME_FILE >> 20} MiB")
+        data = json.loads(raw, parse_constant=_no_constant)
         jobs: dict[str, list[int]] = {}
         for job in data.get("jobs") or []:
             nodes = job.get("nodes_resume") or job.get("nodes") or ""
+            if not isinstance(nodes, str):
+                raise TypeError("nodes is not a hostlist")
+            job_id = _job_id(job["job_id"])
             for node in expand(nodes) if nodes else []:
-                jobs.setdefault(node, []).append(int(job["job_id"]))
+                jobs.setdefault(node, []).append(job_id)
         return jobs
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, PowerError) as exc:
-        log.warning("SLURM_RESUME_FILE %s unreadable, continuing without job ids: %s", path, exc)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError, PowerError) as exc:
+        log.warning("SLURM_RESUME_FILE %s unreadable, continuing without job ids: %s", path,
+                    getattr(exc, "strerror", None) or type(exc).__name__ + (f": {str(exc)[:120]}" if str(exc) else ""))
         return {}
 
 

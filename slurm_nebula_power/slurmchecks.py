@@ -14,7 +14,7 @@ from .errors import HostlistError
 from .findings import Report, X
 from .hostlists import expand, fold, split_top_level
 from .prolog import MARGIN
-from .shapes import PROGRAMS, PROLOG, RESUME_MARGIN, SUSPEND_MARGIN, program_path
+from .shapes import PROGRAMS, PROLOG, SUSPEND_MARGIN, outage_bound, program_path, resume_timeout_for
 from .slurmconf import SlurmConf
 
 # ---- slurm.conf ---------------------------------------------------------------------------------------
@@ -98,7 +98,12 @@ def check_timers(report: Report, config: Config, conf: SlurmConf) -> None:
     if resume is None or resume <= longest:
         report.problem("slurm.conf ResumeTimeout", f"{conf.get('ResumeTimeout')} s is not above the longest "
                        f"boot_timeout {longest:g} s: Slurm gives up on nodes still booting",
-                       f"set ResumeTimeout={math.ceil(longest) + RESUME_MARGIN}, or lower boot_timeout")
+                       f"set ResumeTimeout={resume_timeout_for(config, longest)}, or lower boot_timeout")
+    elif resume < longest + outage_bound(config):
+        report.warn("slurm.conf ResumeTimeout", f"{resume} s: with OpenNebula gone mid-resume, resume hands its "
+                    f"nodes back up to {outage_bound(config)} s (retry_seconds + timeout) after the longest "
+                    f"boot_timeout {longest:g} s, after slurmctld has marked them DOWN",
+                    f"set ResumeTimeout={resume_timeout_for(config, longest)}")
     else:
         report.ok("slurm.conf ResumeTimeout", f"{resume} s, above the longest boot_timeout {longest:g} s")
     bound = config.power.suspend_timeout

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .errors import UsageError
-from .files import UnsafeFile, open_file
+from .files import Owner, UnsafeFile, open_file
 from .hostlists import fold
 from .model import DONE, Vm, cell, printable
 from .records import Record, read_records
@@ -139,17 +139,26 @@ def _lines(handle: BinaryIO, problems: list[str], path: Path) -> Iterator[str]:
             return
 
 
-def read_audit(paths: Sequence[Path]) -> tuple[list[Record], list[str]]:
+def read_audit(paths: Sequence[Path], found: Sequence[Path] = (), owner: Owner | None = None,
+               ) -> tuple[list[Record], list[str]]:
     """Every record of these files, and one line per line that is not a record (file:line: problem).
-    Files are streamed (a .gz through gzip), opened without following a link, regular files only."""
+    Files are streamed (a .gz through gzip), opened without following a link, regular files only. `found`:
+    files the program found itself (audit_file and the rotated copies beside it): read only when they are
+    regular files of root, this user or `owner` (SlurmUser) with one link; any other is a problem line and
+    skipped (another user's planted copy billed 65,417 GPU-hours; a FIFO failed the command). A path the
+    operator named (--file) is read whoever owns it, and one that cannot be read is an error."""
     records: list[Record] = []
     problems: list[str] = []
-    for path in paths:
+    for path in [*found, *paths]:
         try:
-            fd = open_file(path, os.O_RDONLY, any_owner=True)
+            fd = open_file(path, os.O_RDONLY, owner=owner, any_owner=path not in found)
             with os.fdopen(fd, "rb") as raw, (gzip.open(raw) if path.suffix == ".gz" else raw) as handle:
-                found, bad = read_records(_lines(handle, problems, path))  # type: ignore[arg-type]
+                got, bad = read_records(_lines(handle, problems, path))  # type: ignore[arg-type]
         except UnsafeFile as exc:
+            if path in found:
+                why = str(exc.strerror).removesuffix(": remove it")
+                problems.append(f"{path}: skipped, not a record file of ours: {why}")
+                continue
             # not "remove it" (files.py's fix for a file planted where a program writes): the path may be
             # what the operator typed, /dev/null or a directory
             why = str(exc.strerror).removeprefix(f"{path} ").removesuffix(": remove it")
@@ -159,7 +168,7 @@ def read_audit(paths: Sequence[Path]) -> tuple[list[Record], list[str]]:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
             raise UsageError(f"{path}: cannot read the usage records: {why}; check the path and that you may "
                              "read it (SlurmUser or root)") from None
-        records.extend(found)
+        records.extend(got)
         problems.extend(f"{path}:{number}: {problem}" for number, problem in bad)
     records.sort(key=lambda r: r.time)
     return records, problems

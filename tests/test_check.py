@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import grp
 import io
 import json
 import os
@@ -278,6 +279,17 @@ def test_prolog_epilog_timeout_below_resume_timeout_is_a_warning(site, capsys) -
     assert warning["fix"] == "set PrologEpilogTimeout=930 or more, or remove it"
 
 
+def test_a_resume_timeout_within_the_outage_bound_is_a_warning(site, capsys) -> None:
+    # issue 34, item 13: with OpenNebula gone mid-resume, resume hands its nodes back up to retry_seconds +
+    # timeout after boot_timeout (600 s here; make_setup: retry_seconds 10, timeout 5)
+    edit(site.root / "slurm.conf", "ResumeTimeout=900", "ResumeTimeout=610")
+    code, found = findings(site, capsys)
+    assert code == EXIT_OK
+    [warning] = [f for f in found if f["subject"] == "slurm.conf ResumeTimeout"]
+    assert warning["level"] == "warning" and "up to 15 s (retry_seconds + timeout)" in warning["text"]
+    assert warning["fix"] == "set ResumeTimeout=900"
+
+
 def test_every_problem_of_a_broken_setup_is_reported_in_one_run(sim, tmp_path, capsys) -> None:
     site = good_site(sim, tmp_path / "site")
     conf = site.root / "slurm.conf"
@@ -340,7 +352,7 @@ def test_a_configuration_or_lock_directory_other_users_can_write_is_a_problem(si
     (site.root / "locks").chmod(0o777)
     code, found = problems(site, capsys)
     assert code == EXIT_NODES_FAILED
-    assert any(p.startswith(f"configuration {site.config}: writable by other users") for p in found), found
+    assert any(p.startswith(f"configuration {site.config}: other users can change it") for p in found), found
     assert any(p.startswith(f"lock_dir {site.root / 'locks'}: writable by other users") for p in found), found
 
 
@@ -693,6 +705,9 @@ def test_a_lock_audit_or_metrics_directory_others_can_write_is_a_problem_unless_
     flagged = {p.split(" ", 1)[0] for p in found if "without the sticky bit" in p}
     if who is None:
         assert flagged == set(), found
+        # issue 34, item 5: sticky or not, others who write the audit directory plant rotated copies
+        planted = {p.split(" ", 1)[0] for p in found if "rotated copies" in p}
+        assert planted == ({"audit_file's"} if mode & 0o022 else set()), found
         return
     assert flagged == {"lock_dir", "audit_file's", "metrics_file's"}, found
     [line] = [p for p in found if p.startswith(f"metrics_file's directory {site.root}:")]
@@ -715,6 +730,53 @@ def test_a_lock_audit_or_metrics_directory_another_user_owns_is_a_problem(site) 
     said = [f for f in json.loads(done.stdout) if f["level"] == "problem" and "owned by" in f["text"]]
     assert [(f["subject"], f["fix"]) for f in said] == [(f"lock_dir {locks}", f"chown root {locks}")], said
     assert said[0]["text"].startswith("owned by nobody, neither root nor SlurmUser")
+
+@pytest.mark.parametrize(("mode", "flagged"), [(0o755, True), (0o751, True), (0o754, True), (0o750, False),
+                                               (0o700, False)])
+def test_a_lock_dir_others_can_search_is_a_problem(site, capsys, mode: int, flagged: bool) -> None:
+    # issue 34, item 1: whoever can look a lock file up can open one an older version left 0644 and flock it
+    locks = site.root / "locks"
+    locks.mkdir(exist_ok=True)
+    locks.chmod(mode)
+    _, found = problems(site, capsys)
+    said = [p for p in found if p.startswith(f"lock_dir {locks}: other users can look up its files")]
+    assert bool(said) is flagged, found
+    if flagged:
+        assert said[0].endswith(f"chmod o-rwx {locks}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to other users")
+@pytest.mark.parametrize("change", ["group-writable", "group-writable directory", "owned by slurm",
+                                    "group root", "root alone"])
+def test_a_configuration_its_group_or_a_user_other_than_root_can_change_is_a_problem(site, capsys,
+                                                                                     change: str) -> None:
+    # issue 34, item 6: only others' write bit was looked at, and not the owner: a SlurmUser-owned or
+    # group-writable configuration decides what a root run runs ([slurm] scontrol, prolog_chain)
+    slurm = pwd.getpwnam("slurm") if change == "owned by slurm" else None
+    staff = grp.getgrnam("staff").gr_gid
+    site.config.chmod(0o640)
+    if change == "group-writable":
+        os.chown(site.config, 0, staff)
+        site.config.chmod(0o660)
+    elif change == "group-writable directory":
+        os.chown(site.root, 0, staff)
+        site.root.chmod(0o775)
+    elif change == "owned by slurm":
+        assert slurm is not None
+        os.chown(site.config, slurm.pw_uid, slurm.pw_gid)
+    elif change == "group root":
+        site.config.chmod(0o660)  # root's group: root's own
+    _, found = problems(site, capsys)
+    said = [p for p in found if p.startswith(f"configuration {site.config}: ")]
+    if change in ("group root", "root alone"):
+        assert said == [], said
+        return
+    who = {"group-writable": "the group staff can change it",
+           "group-writable directory": f"the group staff (through its directory {site.root}) can change it",
+           "owned by slurm": "its owner slurm can change it"}[change]
+    assert said and said[0].startswith(f"configuration {site.config}: {who}, not root alone"), said
+    assert said[0].endswith(f"chown root {site.config} && chmod go-w {site.config} {site.root}")
+
 
 # ---- issue 25: what check passed and later failed -------------------------------------------------------
 

@@ -348,3 +348,28 @@ def test_check_calls_gres_a_problem_exactly_where_a_real_job_gets_no_gpu(gpu_sim
     else:
         assert bound == (case == "as printed"), what
     assert bool(problems) == (not bound) and code == (EXIT_OK if bound else EXIT_NODES_FAILED), (what, problems)
+
+
+FORGED = "NodeName=gpu01 Name=gpu File=/dev/sda"
+
+
+@pytest.mark.parametrize(("key", "value"), [("PROFILE", f"nvidia-558\n{FORGED}"), ("VENDOR", f"10de\n{FORGED}"),
+                                            ("DEVICE", "2330\r# x"), ("PROFILE", "a#b"), ("VENDOR", "10dee")])
+def test_a_template_value_that_would_write_a_line_of_its_own_is_refused(tmp_path, capsys, key: str,
+                                                                       value: str) -> None:
+    # issue 34, item 4: a template's PCI PROFILE (or VENDOR) with a newline wrote a whole extra
+    # `NodeName=... File=/dev/sda` line into the gres.conf check tells the administrator to install
+    entry = {"VENDOR": "10de", "CLASS": "0302", key: value}
+    pci = "[ " + ", ".join(f'{k} = "{v}"' for k, v in entry.items()) + " ]"
+    templates = (TemplateSpec(id=0, name="forged", body=f'CPU = "4"\nVCPU = "4"\nMEMORY = "16384"\nPCI = {pci}\n'
+                              'NIC = [ NETWORK = "slurm-net" ]\n'),)
+    with running_simulator(fast_config(templates=templates), auth=AUTH) as sim:
+        site = make_setup(tmp_path / "site", sim.endpoint, AUTH,
+                          nodesets='[[nodeset]]\nnodes = "gpu[01-02]"\ntemplate = "forged"\n')
+        for argv in (["--gres-conf"], []):
+            code = slurmconf.main(argv, site.env)
+            captured = capsys.readouterr()
+            assert code == 3, captured.out
+            assert FORGED not in captured.out and "/dev/sda" not in captured.out
+            assert f"template 0: PCI {key}" in captured.out + captured.err, captured
+            assert "fix the template" in captured.out + captured.err

@@ -63,12 +63,17 @@ def test_identity_needs_name_and_both_context_tags() -> None:
     assert [v.id for v in vms if v.is_impostor("c1", {"gpu01"})] == [2, 4]
 
 
-def test_vms_made_before_context_identity_count_while_their_tags_hold() -> None:
-    legacy = Vm(id=1, name="gpu01", state=3, lcm_state=3, user_template=TAGS, context={TAG_NODE: "gpu01"})
-    assert legacy.is_ours("c1", "gpu01")
+def test_identity_never_comes_from_user_template() -> None:
+    # issue 34, item 8: a VM instantiated by hand from the printed template (the node in CONTEXT, no cluster
+    # there) became the node's once its guest wrote SLURM_CLUSTER into USER_TEMPLATE through OneGate
+    by_hand = Vm(id=1, name="gpu01", state=3, lcm_state=3, user_template=TAGS, context={TAG_NODE: "gpu01"})
+    assert not by_hand.is_ours("c1", "gpu01") and by_hand.is_impostor("c1", {"gpu01"})
     detached = Vm(id=2, name="gpu01", state=3, lcm_state=3, user_template={TAG_CLUSTER: "x"},
                   context={TAG_NODE: "gpu01"})
     assert not detached.is_ours("c1", "gpu01") and detached.is_impostor("c1", {"gpu01"})
+    ours = Vm(id=3, name="gpu01", state=3, lcm_state=3, user_template={TAG_CLUSTER: "evil"},
+              context={TAG_NODE: "gpu01", TAG_CLUSTER: "c1"})
+    assert ours.is_ours("c1", "gpu01")
 
 
 @pytest.mark.parametrize(("action", "state", "lcm", "host", "escalate", "expected"), [

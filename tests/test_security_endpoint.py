@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import subprocess
 import sys
+import threading
+import time
+from datetime import datetime
 
 import pytest
 from hostile import HostileEndpoint
 from reliability_support import live_ours, run_env, run_program, site
+from simfixtures import AUTH
 from test_cli import program
+from test_security_guest import guest_put
 
 from slurm_nebula_power.errors import EXIT_NODES_FAILED
 
@@ -135,6 +141,89 @@ def test_a_malformed_host_pool_is_unknown_capacity_never_a_crash(tmp_path, sim, 
     assert sorted(live_ours(sim)) == ["gpu01", "gpu02"], "the nodes were resumed regardless"
     assert tidy.returncode == 0, tidy.stderr
     assert status.returncode != 0 and "unreadable document" in status.stderr, status.stderr
+
+
+def _slow_host_pool(seconds: float):
+    def rewrite(body: bytes) -> bytes:
+        if b"&lt;HOST_POOL&gt;" in body:
+            time.sleep(seconds)
+        return body
+    return rewrite
+
+
+@pytest.mark.parametrize("damage", ["vmid-not-a-number", "truncated", "slow"])
+def test_a_host_pool_that_outlasts_boot_timeout_still_ends_the_resume(tmp_path, sim, damage: str) -> None:
+    # issue 34, item 12: behind an endpoint that made the host pool unparsable, resume retried it for
+    # retry_seconds (past boot_timeout) as if it were transient, then never sent a VM and never ended,
+    # its node locks held: the nodes its first wave could no longer send were dropped, never given up
+    rewrite = _slow_host_pool(5) if damage == "slow" else HOST_POOL_DAMAGE[damage]
+    proxy = HostileEndpoint(sim.endpoint, rewrite=rewrite)
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=3, timeout=10, retry_seconds=6, retry_backoff=0.5)
+        done = run_program(setup, "resume", "gpu[01-02]", guard=60)
+    finally:
+        proxy.close()
+    log = setup.log_text()
+    assert "retrying hostpool.info" not in log, "an answer that cannot be parsed is not retried"
+    if damage == "slow":  # the read alone took boot_timeout: the nodes are handed back, nothing is left
+        assert done.returncode == EXIT_NODES_FAILED, log[-1500:]
+        assert "not sent within boot_timeout" in log
+        assert handed_back(setup) == ["NodeName=gpu[01-02]"]
+        assert live_ours(sim) == {}
+    else:  # capacity unknown at once: the nodes are resumed as before
+        assert done.returncode == 0, log[-1500:]
+        assert sorted(live_ours(sim)) == ["gpu01", "gpu02"]
+
+
+LAUGHS = ('<!DOCTYPE x [<!ENTITY a "' + "a" * 1000 + '">'
+          + "".join(f'<!ENTITY {chr(98 + i)} "{("&" + chr(97 + i) + ";") * 10}">' for i in range(6)) + "]>")
+
+
+def _entities_in_answer(body: bytes) -> bytes:
+    """The XML-RPC answer itself declares nested entities (10**6 x 1 KB once expanded) and uses them."""
+    if b"<methodResponse>" not in body:
+        return body
+    body = body.replace(b"<methodResponse>", LAUGHS.encode() + b"<methodResponse>", 1)
+    return body.replace(b"<string>", b"<string>&g;", 1)
+
+
+def _entities_in_vm_pool(body: bytes) -> bytes:
+    """The VM pool document inside the answer (escaped in its XML-RPC string) declares them."""
+    if b"&lt;VM_POOL&gt;" not in body:
+        return body
+    escaped = LAUGHS.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").encode()
+    return body.replace(b"&lt;VM_POOL&gt;", escaped + b"&lt;VM_POOL&gt;&amp;g;", 1)
+
+
+@pytest.mark.parametrize("where", ["XML-RPC answer", "VM pool document"])
+def test_entities_in_an_answer_are_refused_in_bounded_memory(tmp_path, sim, where: str) -> None:
+    # issue 34, item 3: a DOCTYPE with nested entities took resume to 1.6 GB RSS from a 457 KB answer
+    rewrite = _entities_in_answer if where == "XML-RPC answer" else _entities_in_vm_pool
+    proxy = HostileEndpoint(sim.endpoint, rewrite=rewrite)
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        done = run_program(setup, "resume", "gpu[01-02]", guard=60)
+        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    finally:
+        proxy.close()
+    log = setup.log_text()
+    assert done.returncode != 0 and "a DOCTYPE, which oned never sends" in log, log[-1500:]
+    assert handed_back(setup) == ["NodeName=gpu[01-02]"]
+    assert peak_kb < max(before, 300 * 1024), f"resume peaked at {peak_kb // 1024} MB"
+    assert live_ours(sim) == {}
+
+
+def test_a_doctype_a_guest_writes_into_a_value_is_text_not_a_declaration(tmp_path, sim) -> None:
+    # the variant the refusal must not turn into a denial of service: the words in a CDATA value of a VM's
+    # USER_TEMPLATE (which a guest writes through OneGate) leave every other node's resume alone
+    setup = site(tmp_path / "site", sim, boot_timeout=20, **TIGHT)
+    assert run_program(setup, "resume", "gpu01", guard=60).returncode == 0
+    [vm] = live_ours(sim)["gpu01"]
+    assert guest_put(sim, vm.id, "NOTE = \"<!DOCTYPE x [<!ENTITY a 'b'>]> &a; <!ENTITY c 'd'>\"") == 200
+    assert "<!DOCTYPE" in sim.vm(vm.id).user_template["NOTE"]
+    assert run_program(setup, "resume", "gpu02", guard=60).returncode == 0
+    assert sorted(live_ours(sim)) == ["gpu01", "gpu02"]
 
 
 def _hostname(value: bytes):
@@ -279,3 +368,71 @@ def test_a_newline_in_oned_s_answers_forges_no_line_of_check(tmp_path, sim) -> N
     assert "FORGED" in check.stdout, "the answer was rewritten and shown"
     assert not [line for line in check.stdout.splitlines() if line.startswith("ok       FORGED")], check.stdout
     assert "\r" not in check.stdout
+
+
+def test_refuse_doctype_stops_at_a_declaration_and_leaves_cdata_text_alone() -> None:
+    from slurm_nebula_power.model import refuse_doctype
+
+    with pytest.raises(ValueError, match="DOCTYPE"):
+        refuse_doctype(LAUGHS + "<VM_POOL>&g;</VM_POOL>")
+    with pytest.raises(ValueError, match="DOCTYPE"):
+        refuse_doctype("<?xml version='1.0'?>\n<!doctype VM_POOL SYSTEM 'file:///etc/passwd'><VM_POOL/>")
+    refuse_doctype("<VM><USER_TEMPLATE><NOTE><![CDATA[<!DOCTYPE x [<!ENTITY a 'b'>]>]]></NOTE></USER_TEMPLATE></VM>")
+    refuse_doctype("<VM><NAME>gpu01</NAME></VM>")
+
+
+
+def _answer_echoing(session: str, kind: str, padding: int):
+    """Every answer replaced: oned's failure array, or an XML-RPC fault, whose text repeats the call's session
+    (as an endpoint echoing its parameters would), then `padding` characters."""
+    text = f"[one.call] refused the call ({session}, -3, -1): try again" + "x" * padding
+    if kind == "fault":
+        body = ("<?xml version='1.0'?><methodResponse><fault><value><struct><member><name>faultCode</name>"
+                "<value><int>1</int></value></member><member><name>faultString</name><value><string>"
+                f"{text}</string></value></member></struct></value></fault></methodResponse>")
+    else:
+        body = ("<?xml version='1.0'?><methodResponse><params><param><value><array><data>"
+                f"<value><boolean>0</boolean></value><value><string>{text}</string></value>"
+                "<value><i4>2048</i4></value></data></array></value></param></params></methodResponse>")
+    return lambda _: body.encode()
+
+
+@pytest.mark.parametrize("kind", ["oned's failure", "fault"])
+@pytest.mark.parametrize("padding", [0, 1 << 20])
+def test_an_answer_that_echoes_the_session_publishes_it_nowhere_and_is_cut(tmp_path, sim, kind: str,
+                                                                           padding: int) -> None:
+    # issue 34, items 7 and 10: a fault repeating the call's parameters put the password into three log lines
+    # and a node's Reason (sinfo -R, scontrol's command line); a 1 MB fault was a 1 MB log line per node
+    proxy = HostileEndpoint(sim.endpoint, rewrite=_answer_echoing(AUTH, kind, padding))
+    try:
+        setup = site(tmp_path / "site", proxy, boot_timeout=20, **TIGHT)
+        done = run_program(setup, "resume", "gpu[01-02]", guard=60)
+    finally:
+        proxy.close()
+    assert done.returncode != 0
+    said = setup.log_text() + done.stdout + done.stderr + json.dumps(setup.scontrol_calls())
+    assert setup.password not in said, "the session's secret in a log line, an error or a Reason"
+    assert "<session>" in said
+    assert max(len(line) for line in setup.log_text().splitlines()) < 4000
+    assert handed_back(setup) == ["NodeName=gpu[01-02]"]
+
+
+def test_with_oned_gone_mid_resume_the_nodes_are_handed_back_within_one_retry_window(tmp_path, sim) -> None:
+    # issue 34, item 13: oned killed 1.5 s into a 4-node resume: each call retried for retry_seconds of its own,
+    # so the nodes were handed back after 316 s, 142 calls, 123 retries, each refused at once
+    sim.set_durations(prolog=0.2, boot=60)  # the VMs stay in BOOT: resume is watching when oned goes
+    proxy = HostileEndpoint(sim.endpoint)
+    setup = site(tmp_path / "site", proxy, boot_timeout=120, timeout=1, retry_seconds=4, retry_backoff=0.2,
+                 poll_max=0.2)
+    closer = threading.Thread(target=lambda: (sim.wait_for(lambda: len(sim.vms()) == 4, 30), time.sleep(0.5),
+                                              proxy.close()))
+    closer.start()
+    done = run_program(setup, "resume", "gpu[01-04]", guard=90)
+    closer.join()
+    log = setup.log_text()
+    assert done.returncode == EXIT_NODES_FAILED, log[-1500:]
+    assert handed_back(setup) == ["NodeName=gpu[01-04]"]
+    stamps = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() for line in log.splitlines()
+              if " WARNING retrying " in line]
+    assert stamps, "it did retry while OpenNebula was away"
+    assert stamps[-1] - stamps[0] <= 4 + 1 + 1, "retries end once the run's retry window (retry_seconds) is over"

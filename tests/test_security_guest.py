@@ -18,7 +18,7 @@ from reliability_support import gpu_holders, live_ours, run_env, site
 from test_cli import program
 
 from opennebula_sim import states as S
-from slurm_nebula_power.cli import status
+from slurm_nebula_power.cli import reconcile, status
 from slurm_nebula_power.cli.main import resume_main, suspend_main
 from slurm_nebula_power.errors import EXIT_OK
 
@@ -101,3 +101,20 @@ def test_a_guest_writing_its_job_ids_crashes_nothing_and_bills_nothing(tmp_path,
     rows = json.loads(usage.stdout)["rows"]
     assert {r["job"] for r in rows} <= {"7", "-"} and not any(r["still_running"] for r in rows)
     assert json.loads(usage.stdout)["disagreements"] == []
+
+
+def test_a_vm_made_by_hand_from_the_printed_template_never_becomes_the_nodes(tmp_path, sim, capsys) -> None:
+    # issue 34, item 8: the printed template puts the node in CONTEXT and not the cluster; the rule kept for
+    # 0.1.0's VMs then trusted USER_TEMPLATE's SLURM_CLUSTER, which the guest writes: resume adopted the VM
+    # (and set its address), reconcile would have terminated it
+    setup = site(tmp_path / "site", sim, boot_timeout=20, poll_max=0.2)
+    by_hand = sim.add_vm(name="gpu01", context={"SLURM_NODENAME": "gpu01", "NETWORK": "YES", "TOKEN": "YES"})
+    assert guest_put(sim, by_hand, 'SLURM_CLUSTER="testcluster"\nSLURM_NODENAME="gpu01"') == 200
+    assert resume_main(["gpu01"], setup.env) == EXIT_OK
+    mine = [vm for vm in sim.vms() if vm.name == "gpu01" and vm.id != by_hand and vm.state != S.DONE]
+    assert len(mine) == 1, "resume made the node a VM of its own rather than adopting the hand-made one"
+    capsys.readouterr()
+    assert reconcile.main([], setup.env) == EXIT_OK
+    said = capsys.readouterr().out
+    assert f"VM {by_hand} (ACTIVE/RUNNING) is named gpu01 but its CONTEXT does not make it ours" in said, said
+    assert sim.vm(by_hand).state != S.DONE, "reconcile leaves it alone"

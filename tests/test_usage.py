@@ -7,6 +7,8 @@ import csv
 import gzip
 import io
 import json
+import os
+import pwd
 import re
 import subprocess
 import sys
@@ -214,3 +216,31 @@ def test_usage_streams_a_gzip_bomb_in_bounded_memory(setup, tmp_path) -> None:
     result = json.loads(done.stdout.split("\n", 1)[1])
     assert result["unreadable_lines"] == [f"{bomb}:1: longer than 16384 bytes: not a usage record"]
     assert peak_kib < 150 * 1024, f"{peak_kib} KiB at the most"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant a file as another user")
+@pytest.mark.parametrize("plant", ["another user's copy", "a FIFO", "a hard link"])
+def test_a_planted_rotated_copy_is_skipped_and_named_never_billed(setup, capsys, plant: str) -> None:
+    # issue 34, item 5: usage read rotated copies whatever their owner (another user's file billed 65,417
+    # GPU-hours to a job) and a FIFO there made it fail
+    audit = setup.audit
+    audit.write_text(RECORDS[0].to_json() + "\n")
+    planted = audit.with_name(audit.name + ".1")
+    forged = [rec("created", 0, 666, jobs=[777]).to_json(),
+              rec("running", 1, 666, jobs=[777], host="h9", gpus=[GPU_A]).to_json()]
+    if plant == "a FIFO":
+        os.mkfifo(planted)
+    elif plant == "a hard link":
+        other = audit.with_name("elsewhere")
+        other.write_text("\n".join(forged) + "\n")
+        os.link(other, planted)
+    else:
+        planted.write_text("\n".join(forged) + "\n")
+        nobody = pwd.getpwnam("nobody")
+        os.chown(planted, nobody.pw_uid, nobody.pw_gid)
+    code, out = run_usage(setup, capsys, "--json", "--no-cloud")
+    assert code == EXIT_OK, out
+    report = json.loads(out)
+    assert all(row["job"] != "777" for row in report["rows"]), "a planted record was billed"
+    [skipped] = [line for line in report["unreadable_lines"] if line.startswith(f"{planted}: skipped")]
+    assert "not a record file of ours" in skipped

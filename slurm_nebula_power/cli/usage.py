@@ -28,7 +28,7 @@ from ..usage import (
     summarize,
     table_lines,
 )
-from .common import interactive_cloud, make_parser, run_command
+from .common import interactive_cloud, make_parser, run_command, service_owner
 
 PROG = "slurm-nebula-power usage"
 
@@ -62,11 +62,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         until = parse_when(args.until, now) if args.until else now
         if since is not None and since >= until:
             raise UsageError(f"--since {args.since} is not before --until {args.until or 'now'}")
-        paths = args.file or ([] if config.log.audit_file is None else audit_files(config.log.audit_file))
         if not args.file and config.log.audit_file is None:
             raise UsageError(f"{config.path}: log.audit_file is not set, so there are no usage records; set it "
                              "(see `slurm-nebula-power example-config`) or pass --file PATH")
-        records, unreadable = read_audit(paths)
+        ours = [] if args.file or config.log.audit_file is None else audit_files(config.log.audit_file)
+        records, unreadable = read_audit(args.file or [], ours, service_owner(config))
         records = [r for r in records if r.cluster in ("", config.slurm.cluster)]
         found = intervals(records)
 
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                 print(json.dumps({"by": args.by, "since": iso(since), "until": iso(until),
                                   "rows": [r.as_dict(args.by) for r in rows], "disagreements": disagree,
                                   "unreadable_lines": unreadable,
-                                  "files": [str(p) for p in paths]}, indent=2))
+                                  "files": [str(p) for p in args.file or ours]}, indent=2))
             elif args.csv:
                 out = io.StringIO()
                 csv.writer(out, lineterminator="\n").writerows(table_lines(rows, args.by))
