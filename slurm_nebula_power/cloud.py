@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import tenacity
 
 from .config import OneConfig
-from .errors import CloudError, TransientCloudError, UnreadableAnswer, VmNotFound
+from .errors import CloudError, TransientCloudError, Unanswered, UnreadableAnswer, VmNotFound
 from .grants import Rights, config_levels, group_levels, user_from_xml
 from .hosts import Host, VmNeeds, host_gpus, hosts_from_xml, vm_needs_from_xml
 from .model import Vm, refuse_doctype, vms_from_xml
@@ -94,14 +94,14 @@ class OneCloud:
         # The first attempt runs outside tenacity (its machinery costs ~45 us a call, and 1,000-node
         # runs make 1,000 calls that nearly all succeed at once); a transient failure is replayed
         # into the same schedule, so delays, budget, counts and log lines are as if tenacity ran it.
-        self.stats.add(calls=1)
         try:
-            return self._answered(fn(self._rpc()))
+            return self._attempt(fn)
         except TransientCloudError as exc:
             if not isinstance(exc, UnreadableAnswer) and self.failing_since is None:
                 self.failing_since = started
             if not retry or isinstance(exc, UnreadableAnswer):
                 raise
+            self._give_up_when_unanswered(exc)
             failed = [exc]
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(
@@ -115,15 +115,34 @@ class OneCloud:
             reraise=True,
             before_sleep=self._before_sleep(what),
         )
-        for attempt in retrying:
-            with attempt:
-                if failed:
-                    raise failed.pop()  # attempt 1, made above
-                self.stats.add(calls=1)
-                return self._answered(fn(self._rpc()))
+        try:
+            for attempt in retrying:
+                with attempt:
+                    if failed:
+                        raise failed.pop()  # attempt 1, made above
+                    return self._attempt(fn)
+        except TransientCloudError as exc:
+            self._give_up_when_unanswered(exc)
+            raise
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
-    def _answered(self, value: T) -> T:
+    def _give_up_when_unanswered(self, exc: TransientCloudError) -> None:
+        """Unanswered once nothing has answered for the run's whole retry window."""
+        since = self.failing_since
+        if since is not None and not isinstance(exc, UnreadableAnswer) and \
+                time.monotonic() >= since + self.retry_seconds:
+            raise Unanswered(f"{exc} (no answer for {self.retry_seconds:g}s)") from None
+
+    def _attempt(self, fn: Callable[[OneRpc], T]) -> T:
+        """One try of a call; any answer, an error of oned's included, ends the run's window of failures."""
+        self.stats.add(calls=1)
+        try:
+            value = fn(self._rpc())
+        except TransientCloudError:
+            raise
+        except CloudError:
+            self.failing_since = None
+            raise
         self.failing_since = None  # OpenNebula answers again: the next failure starts a window of its own
         return value
 

@@ -60,6 +60,11 @@ class TransientCloudError(CloudError):
     """Worth retrying: connection errors, timeouts, HTTP 5xx, INTERNAL, LOCKED."""
 
 
+class Unanswered(TransientCloudError):
+    """OpenNebula has answered none of the run's calls for retry_seconds: a run watching VMs gives up on them
+    and hands their nodes back rather than polling on until boot_timeout (docs/behaviour.md, "Worst case")."""
+
+
 class UnreadableAnswer(TransientCloudError):
     """An answer that came whole but cannot be parsed (a field that is not a number, a truncated or altered
     document): a failure of its call as an answer that never came is, but never retried, since the same

@@ -11,7 +11,7 @@ from typing import Any
 from .backoff import Backoff
 from .booting import Boot, Step, collect_calls, not_ready_up, set_addresses
 from .direct import Direct
-from .errors import CloudError
+from .errors import CloudError, Unanswered
 from .gate import Gate
 from .hostlists import fold
 from .model import Vm, ours_by_node
@@ -316,8 +316,8 @@ class _Resume:
             vms = ctx.cloud.cluster_vms(ctx.cluster, first)
         except CloudError as exc:
             log.warning("pool query failed: %s", exc)
-            for boot in known:
-                if now >= boot.deadline:
+            for boot in known:  # OpenNebula away for the whole retry window: no use watching on
+                if now >= boot.deadline or isinstance(exc, Unanswered):
                     failures[cloud_reason(exc)].append(boot)
             return None
         self.floor = pending_floor(vms)

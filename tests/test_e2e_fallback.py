@@ -101,7 +101,9 @@ def test_a_short_gpu_model_steps_out_and_back_in_while_jobs_run_on_the_other(e2e
     env.sim.set_host_state("gpa-host", "MONITORED")  # GPUs of gpa's model appear
     clock = Stopwatch()
     out = reconcile(env)
-    assert any("node set gpa[1-3] in (GPUs back" in line for line in out), out
+    # in: its GPUs back; or, on a loaded machine that took shortage_cooldown (60 s) to get here, the
+    # cooldown over and the count showing room: either way one reconcile
+    assert any(line.startswith("node set gpa[1-3] in (") for line in out), out
     for node in ("gpa2", "gpa3"):
         assert c.node_info(node)["State"].split("+")[:1] == ["IDLE"] and "DRAIN" not in c.node_info(node)["State"]
     assert c.node_info("gpa1")["Reason"].startswith(ADMIN) and "DRAIN" in c.node_info("gpa1")["State"]

@@ -220,7 +220,7 @@ def test_a_doctype_a_guest_writes_into_a_value_is_text_not_a_declaration(tmp_pat
     setup = site(tmp_path / "site", sim, boot_timeout=20, **TIGHT)
     assert run_program(setup, "resume", "gpu01", guard=60).returncode == 0
     [vm] = live_ours(sim)["gpu01"]
-    assert guest_put(sim, vm.id, "NOTE = \"<!DOCTYPE x [<!ENTITY a 'b'>]> &a; <!ENTITY c 'd'>\"") == 200
+    assert guest_put(sim, vm.id, "NOTE=<!DOCTYPE x SYSTEM 'file:///etc/passwd'> <!ENTITY c 'd'> &c;") == 200
     assert "<!DOCTYPE" in sim.vm(vm.id).user_template["NOTE"]
     assert run_program(setup, "resume", "gpu02", guard=60).returncode == 0
     assert sorted(live_ours(sim)) == ["gpu01", "gpu02"]
@@ -376,7 +376,7 @@ def test_refuse_doctype_stops_at_a_declaration_and_leaves_cdata_text_alone() -> 
     with pytest.raises(ValueError, match="DOCTYPE"):
         refuse_doctype(LAUGHS + "<VM_POOL>&g;</VM_POOL>")
     with pytest.raises(ValueError, match="DOCTYPE"):
-        refuse_doctype("<?xml version='1.0'?>\n<!doctype VM_POOL SYSTEM 'file:///etc/passwd'><VM_POOL/>")
+        refuse_doctype("<?xml version='1.0'?>\n<!DOCTYPE VM_POOL SYSTEM 'file:///etc/passwd'><VM_POOL/>")
     refuse_doctype("<VM><USER_TEMPLATE><NOTE><![CDATA[<!DOCTYPE x [<!ENTITY a 'b'>]>]]></NOTE></USER_TEMPLATE></VM>")
     refuse_doctype("<VM><NAME>gpu01</NAME></VM>")
 

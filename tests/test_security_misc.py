@@ -100,7 +100,8 @@ def test_a_resume_file_slurmctld_would_not_write_is_no_job_id_and_no_traceback(t
                           timeout=60)
     assert done.returncode == EXIT_OK, done.stderr + setup.log_text()[-1000:]
     assert "Traceback" not in done.stderr + setup.log_text()
-    assert "SLURM_RESUME_FILE" in setup.log_text() and "continuing without job ids" in setup.log_text()
+    said = done.stderr + setup.log_text()  # read before the log file is set up: on stderr, which slurmctld logs
+    assert "SLURM_RESUME_FILE" in said and "continuing without job ids" in said, said
     [vm] = [v for v in sim.vms() if v.name == "gpu01"]
     assert "SLURM_JOB_IDS" not in vm.template["CONTEXT"] or vm.template["CONTEXT"]["SLURM_JOB_IDS"] == ""
 

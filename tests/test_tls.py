@@ -196,4 +196,4 @@ def test_check_warns_of_a_ca_file_on_a_plain_http_endpoint_and_of_one_others_can
     [unused] = [f for f in found if f["level"] == "warning" and "ca_file" in f["text"]]
     assert unused["text"] == f"ca_file {pki.ca} is set, but the endpoint is plain http: the CA is not used"
     [loose] = [f for f in found if f["subject"] == f"[opennebula] ca_file {pki.ca}"]
-    assert loose["level"] == "problem" and "writable by other users" in loose["text"], loose
+    assert loose["level"] == "problem" and "other users can change it" in loose["text"], loose
