@@ -8,9 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onedfix
@@ -257,3 +259,14 @@ def e2e(slurm_factory) -> Iterator[Callable[..., E2E]]:
     yield make
     for env in made:
         env.stop()
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory both root and slurm can reach (pytest's own tmp_path is root's alone)."""
+    root = Path(tempfile.mkdtemp(prefix="snp-users-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import stat
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,14 +31,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or SLURM is None or NOBODY is 
 
 
 @pytest.fixture
-def lock_dir() -> Iterator[Path]:
+def lock_dir(shared: Path) -> Path:
     """A lock_dir below a directory every user can search (pytest's tmp_path is root's alone)."""
-    top = Path(tempfile.mkdtemp(prefix="snp-locks-", dir="/tmp"))
-    top.chmod(0o755)
-    try:
-        yield top / "locks"
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+    return shared / "locks"
 
 
 def owner() -> tuple[int, int]:

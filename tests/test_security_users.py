@@ -12,8 +12,6 @@ import pwd
 import resource
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +28,6 @@ except KeyError:
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or SLURM is None,
                                 reason="needs root and the slurm user (Debian's slurmctld package makes it)")
 
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A directory both root and slurm can reach (pytest's own tmp_path is root's alone)."""
-    root = Path(tempfile.mkdtemp(prefix="snp-users-", dir="/tmp"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 ENTRIES = {"slurm-nebula-resume": "resume_entry", "slurm-nebula-suspend": "suspend_entry"}
