@@ -8,6 +8,7 @@ size cap, and a root run writes it for SlurmUser (files.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from .admission import Shortage
-from .files import PRIVATE_DIRECTORY, Owner, make_directory, read_capped, replace
+from .files import PRIVATE_DIRECTORY, Owner, flocked, make_directory, read_capped, replace
 
 if TYPE_CHECKING:
     from .config import Config
@@ -28,14 +29,14 @@ MOST_BYTES = 64 << 10  # a state file's size at most (ours are a few hundred byt
 T = TypeVar("T")
 
 
-def state_key(cluster: str, nodes: str) -> str:
+def _state_key(cluster: str, nodes: str) -> str:
     """The name part of a node set's state and lock files: a hash of its cluster and nodes (a hostlist can be
     long; two configurations sharing a lock_dir must not share a node set's state)."""
     return hashlib.sha256(f"{cluster}\n{nodes}".encode()).hexdigest()[:16]
 
 
 class NodeSetFiles(Generic[T]):
-    """One small JSON state file per node set and cluster in a directory (lock_dir), `<KIND>-<state_key>.json`,
+    """One small JSON state file per node set and cluster in a directory (lock_dir), `<KIND>-<_state_key>.json`,
     read without following a link, as a regular file of ours, with a size cap; a subclass parses it."""
 
     KIND = "state"
@@ -55,7 +56,13 @@ class NodeSetFiles(Generic[T]):
 
     def path(self, nodes: str) -> Path:
         """The state file of a node set."""
-        return self.directory / f"{self.KIND}-{state_key(self.cluster, nodes)}.json"
+        return self.directory / f"{self.KIND}-{_state_key(self.cluster, nodes)}.json"
+
+    def locked(self, nodes: str, wait: float) -> contextlib.AbstractContextManager[None]:
+        """An flock of the node set's own (`<KIND>-<key>.lock` beside its state file, 0600 SlurmUser's), held by
+        whoever changes the state: TimeoutError past `wait` seconds, OSError when it cannot be made."""
+        make_directory(self.directory, self.owner, PRIVATE_DIRECTORY)  # a root run makes it for SlurmUser
+        return flocked(self.path(nodes).with_suffix(".lock"), wait, self.owner)
 
     def read(self, nodes: str) -> T | None:
         """The node set's state, or None (none, or the file is unusable: logged, never quoted)."""

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .admission import COUNT, PLACEMENT, QUOTA, Need, admit, may_retry
+from .admission import COUNT, PLACEMENT, QUOTA, Need, Shortage, admit, may_retry
 from .capacity import PciRequest, Pool, Requests, gpu_requests, held_by, label
 from .config import Config, NodeSet
 from .cooldown import ShortageLog
@@ -123,11 +123,10 @@ class Gate:
         shortage = self.shortages.read(nodeset.nodes_expr)
         if shortage is None or shortage.age(now) >= cooldown:
             return None
-        requests = tuple(pci_request(r) for r in shortage.requests)
-        hosts = self.hosts() if requests else None
-        free = None if hosts is None else Pool(hosts).free(requests, self.where(nodeset, hosts))
-        if may_retry(shortage, free, count * len(requests)):
-            log.info("node set %s: %s GPUs %s free, cooldown lifted", nodeset.nodes_expr, free, label(requests))
+        free = shortage_free(self.ctx.config, nodeset, shortage, self.hosts)
+        if may_retry(shortage, free, count * len(shortage.requests)):
+            log.info("node set %s: %s GPUs %s free, cooldown lifted", nodeset.nodes_expr, free,
+                     label(tuple(pci_request(r) for r in shortage.requests)))
             self.shortages.clear(nodeset.nodes_expr)
             self.lifted[id(nodeset)] = nodeset
             return None
@@ -192,9 +191,7 @@ class Gate:
             reason = next(refused[node] for node, ns, _ in plans if ns is nodeset and node in refused)
             free = pool.free(requests, self.where(nodeset, hosts))
             wanted = len(requests) * sum(1 for node, ns, _ in plans if ns is nodeset and node in refused)
-            self.shortages.record(nodeset.nodes_expr, COUNT, free, f"GPU shortage ({reason})",
-                                  [_plain(r) for r in requests], wanted)
-            self.short[id(nodeset)] = nodeset
+            self._record(nodeset, COUNT, free, f"GPU shortage ({reason})", [_plain(r) for r in requests], wanted)
 
     # -- while watching --
 
@@ -210,8 +207,7 @@ class Gate:
         else:
             seen = "" if free is None else f" although {free} free"
             reason = f"not placed within pending_timeout {nodeset.pending_timeout:g}s{seen} (oned: {oned})"
-        self.shortages.record(nodeset.nodes_expr, PLACEMENT, free, reason, [_plain(r) for r in requests])
-        self.short[id(nodeset)] = nodeset
+        self._record(nodeset, PLACEMENT, free, reason, [_plain(r) for r in requests])
         return reason
 
     def unplaced_all(self, unplaced: Sequence[tuple[P, Vm]]) -> dict[str, list[P]]:
@@ -229,9 +225,14 @@ class Gate:
         VMS quota in VM"); starts the node set's cooldown, which only time lifts (the quota is not in the
         host pool), so Slurm's next resume of these nodes is handed back at once, with no call to oned."""
         reason = f"OpenNebula quota: {exc.quota}"
-        self.shortages.record(nodeset.nodes_expr, QUOTA, None, reason, [])
-        self.short[id(nodeset)] = nodeset
+        self._record(nodeset, QUOTA, None, reason, [])
         return reason
+
+    def _record(self, nodeset: NodeSet, kind: str, free: int | None, reason: str,
+                requests: Sequence[Mapping[str, str]], wanted: int = 0) -> None:
+        """Record a shortage of the node set, which is then short in this run (it steps out: stepout.py)."""
+        self.shortages.record(nodeset.nodes_expr, kind, free, reason, requests, wanted)
+        self.short[id(nodeset)] = nodeset
 
     def drag(self, lost: Sequence[str]) -> dict[str, str]:
         """node -> reason: the nodes all-or-nothing jobs that lost these nodes give back too."""
@@ -251,6 +252,15 @@ def domain_hosts(config: Config, nodeset: NodeSet, hosts: Sequence[Host]) -> fro
     if nodeset.domain is None or attribute is None:
         return None
     return frozenset(host.id for host in hosts_of_domain(hosts, attribute, nodeset.domain))
+
+
+def shortage_free(config: Config, nodeset: NodeSet, shortage: Shortage, hosts: Callable[[], list[Host] | None],
+                  ) -> int | None:
+    """The free devices of the kind the shortage's VMs need, on the hosts the node set may use (the pool read
+    when first asked); None when the shortage names none or the host pool cannot be read."""
+    requests = tuple(pci_request(r) for r in shortage.requests)
+    pool = hosts() if requests else None
+    return None if pool is None else Pool(pool).free(requests, domain_hosts(config, nodeset, pool))
 
 
 def pci_request(data: Mapping[str, str]) -> PciRequest:

@@ -10,14 +10,13 @@ regular files of ours, with a size cap, and a root run makes them for SlurmUser 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from .cooldown import NodeSetFiles
-from .files import PRIVATE_DIRECTORY, flocked, make_directory, replace
+from .files import replace
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ class ProtectLog(NodeSetFiles[Protection]):
         now = self.clock()
         state = after_failures(None, nodes, count, reason, now, threshold, period)
         try:
-            with self._locked(nodes):
+            with self.locked(nodes, LOCK_WAIT):
                 state = after_failures(self.read(nodes), nodes, count, reason, now, threshold, period)
                 body = {"nodes": nodes, "cluster": self.cluster, "failures": state.failures, "reason": reason[:200],
                         "since": state.since, "at": now}
@@ -105,14 +104,10 @@ class ProtectLog(NodeSetFiles[Protection]):
             return None
         old = self.read(nodes)
         try:
-            with self._locked(nodes):
+            with self.locked(nodes, LOCK_WAIT):
                 self.path(nodes).unlink()
         except FileNotFoundError:
             pass
         except (OSError, TimeoutError) as exc:
             log.error("could not clear the protected-mode state of %s in %s: %s", nodes, self.directory, exc)
         return old
-
-    def _locked(self, nodes: str) -> contextlib.AbstractContextManager[None]:
-        make_directory(self.directory, self.owner, PRIVATE_DIRECTORY)  # a root run makes it for SlurmUser
-        return flocked(self.path(nodes).with_suffix(".lock"), LOCK_WAIT, self.owner)

@@ -66,7 +66,7 @@ def resume(ctx: Context, nodes: Sequence[str], jobs: Mapping[str, Sequence[int]]
             hand_back(ctx, outcome, left, "internal error in resume, see nebula-power log")
         raise
     gate = run.gate
-    after_resume(ctx, gate.short.values(), gate.lifted.values(), gate.hosts_read, read=gate.hosts_read() is not None)
+    after_resume(ctx, gate.short.values(), gate.lifted.values(), gate.hosts_read)
     return outcome
 
 

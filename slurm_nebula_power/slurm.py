@@ -49,7 +49,7 @@ class SlurmControl(Protocol):
     def set_down(self, nodes: Sequence[str], reason: str) -> None:
         """Mark nodes whose guest is gone DOWN, so their jobs requeue without waiting for the dead slurmd."""
 
-    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+    def show_nodes(self, nodes: Iterable[str]) -> dict[str, NodeState]:
         """These nodes as slurmctld shows them ({} without a controller); SlurmError when it cannot be asked."""
 
     def set_resume(self, nodes: Sequence[str]) -> None:
@@ -271,10 +271,6 @@ class Scontrol:
             return []
         return sorted(lost)
 
-    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
-        """These nodes as slurmctld shows them (show_nodes)."""
-        return self.show_nodes(nodes)
-
     def show_all_nodes(self) -> dict[str, NodeState]:
         """Every node slurmctld shows (one `scontrol show node -o`); SlurmError when it cannot be asked."""
         return parse_show_node(self.run("show", "node", "-o"))
@@ -347,7 +343,7 @@ class PrintedSlurm:
         """No controller: nothing was lost."""
         return []
 
-    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+    def show_nodes(self, nodes: Iterable[str]) -> dict[str, NodeState]:
         """No controller: no node to show."""
         return {}
 

@@ -22,19 +22,16 @@ never half.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .admission import Shortage, may_retry
-from .capacity import Pool, label
 from .config import Config, NodeSet
-from .cooldown import ShortageLog, state_key
+from .cooldown import ShortageLog
 from .errors import SlurmError
-from .files import PRIVATE_DIRECTORY, flocked, make_directory
-from .gate import domain_hosts, pci_request
+from .gate import shortage_free
 from .hosts import Host
 from .operation import Context
 from .slurm import OFF, REASON_PREFIX, NodeState
@@ -100,7 +97,6 @@ class Step:
     out: bool
     nodes: tuple[str, ...]
     why: str
-    shortage: Shortage | None = None
 
     def describe(self) -> str:
         """node set gpa[1-2] out (short, 0 free): drained gpa1; in: GPUs back."""
@@ -108,22 +104,34 @@ class Step:
         return f"node set {self.nodeset.nodes_expr} {'out' if self.out else 'in'} ({self.why}): {what}"
 
 
+def out_nodes(nodeset: NodeSet, states: Mapping[str, NodeState]) -> list[str]:
+    """The node set's nodes this Slurm read shows stepped out."""
+    return [node for node in nodeset.nodes if node in states and stepped_out(states[node])]
+
+
 class StepOut:
-    """Steps node sets out of Slurm's way and back in (the module docstring)."""
+    """Steps node sets out of Slurm's way and back in (the module docstring). `seen`: whether to ask Slurm about
+    a node set that has no shortage on record (reconcile: its own read shows a node of it out; resume: it has
+    just forgotten the node set's shortage)."""
 
     def __init__(self, ctx: Context, shortages: ShortageLog | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, seen: Callable[[NodeSet], bool] = lambda _: False) -> None:
         self.ctx = ctx
         self.shortages = shortages or ShortageLog.of(ctx.config, ctx.owner, clock)
         self.clock = clock
+        self.seen = seen
 
-    def settle(self, nodeset: NodeSet, hosts: Hosts) -> Step | None:
+    def settle(self, nodeset: NodeSet, hosts: Hosts, *, step_out: bool = True, step_in: bool = True) -> Step | None:
         """Step one node set out or in as its shortage and the host pool say (under its lock, from a fresh
-        Slurm read); None when it has neither a shortage nor a node of ours out, or Slurm cannot be asked."""
-        if self.shortages.read(nodeset.nodes_expr) is None and not self._maybe_out(nodeset):
+        Slurm read); None when it has neither a shortage nor a node of ours out, when the verdict is a way this
+        call does not step (judged before locking or asking Slurm), or when Slurm cannot be asked."""
+        shortage = self.shortages.read(nodeset.nodes_expr)
+        if shortage is None and not self.seen(nodeset):
+            return None
+        if not (step_out and step_in) and self.judged(nodeset, shortage, hosts).out is not step_out:
             return None
         try:
-            with self._locked(nodeset):
+            with self.shortages.locked(nodeset.nodes_expr, LOCK_WAIT):
                 return self._settle(nodeset, hosts)
         except (OSError, TimeoutError) as exc:
             log.warning("node set %s: step out/in skipped (its lock: %s); the next run does it", nodeset.nodes_expr,
@@ -132,20 +140,20 @@ class StepOut:
             log.warning("node set %s: step out/in failed, the next run tries again: %s", nodeset.nodes_expr, exc)
         return None
 
-    def _maybe_out(self, nodeset: NodeSet) -> bool:
-        """Whether the caller's own Slurm read shows one of its nodes stepped out (subclasses that have one)."""
-        return False
+    def judged(self, nodeset: NodeSet, shortage: Shortage | None, hosts: Hosts) -> Verdict:
+        """judge() of the node set's shortage against the free devices now."""
+        free = None if shortage is None else shortage_free(self.ctx.config, nodeset, shortage, hosts)
+        return judge(shortage, free, self.clock(), self.ctx.config.power.shortage_cooldown)
 
     def _settle(self, nodeset: NodeSet, hosts: Hosts) -> Step | None:
-        states = self.ctx.slurm.node_states(nodeset.nodes)
+        states = self.ctx.slurm.show_nodes(nodeset.nodes)
         if not states:
             return None
-        shortage = self.shortages.read(nodeset.nodes_expr)
-        out = [node for node in nodeset.nodes if node in states and stepped_out(states[node])]
+        shortage = self.shortages.read(nodeset.nodes_expr)  # again, under the lock: another run may have stepped
+        out = out_nodes(nodeset, states)
         if shortage is None and not out:
             return None
-        cooldown = self.ctx.config.power.shortage_cooldown
-        verdict = judge(shortage, self.free(nodeset, shortage, hosts), self.clock(), cooldown)
+        verdict = self.judged(nodeset, shortage, hosts)
         if verdict.out:
             assert shortage is not None
             if verdict.renew:
@@ -153,14 +161,14 @@ class StepOut:
                                                  shortage.requests, shortage.wanted)
             take = [node for node in nodeset.nodes if node in states and takeable(states[node])]
             if take:
-                self.ctx.slurm.set_drain(take, out_reason(shortage, cooldown))
-            step = Step(nodeset, True, tuple(take), verdict.why, shortage)
+                self.ctx.slurm.set_drain(take, out_reason(shortage, self.ctx.config.power.shortage_cooldown))
+            step = Step(nodeset, True, tuple(take), verdict.why)
         else:
             if shortage is not None:
                 self.shortages.clear(nodeset.nodes_expr)
             if out:
                 self.ctx.slurm.set_drain(out, None)
-            step = Step(nodeset, False, tuple(out), verdict.why, shortage)
+            step = Step(nodeset, False, tuple(out), verdict.why)
         if step.nodes:
             log.warning("%s", step.describe())
             event = "stepped_out" if step.out else "stepped_in"
@@ -168,90 +176,44 @@ class StepOut:
                 self.ctx.recorder.record(event, node, reason=f"{OUT_FOR}: {verdict.why}")
         return step
 
-    def free(self, nodeset: NodeSet, shortage: Shortage | None, hosts: Hosts) -> int | None:
-        """The free devices of the kind the node set's VMs need, on the hosts they may use; None when the
-        shortage names none or the host pool cannot be read."""
-        if shortage is None or not shortage.requests:
-            return None
-        pool = hosts()
-        if pool is None:
-            return None
-        requests = tuple(pci_request(r) for r in shortage.requests)
-        free = Pool(pool).free(requests, domain_hosts(self.ctx.config, nodeset, pool))
-        log.debug("node set %s: %d GPUs %s free", nodeset.nodes_expr, free, label(requests))
-        return free
 
-    def _locked(self, nodeset: NodeSet) -> contextlib.AbstractContextManager[None]:
-        directory = self.ctx.config.power.lock_dir
-        make_directory(directory, self.ctx.owner, PRIVATE_DIRECTORY)
-        key = state_key(self.ctx.config.slurm.cluster, nodeset.nodes_expr)
-        return flocked(directory / f"stepout-{key}.lock", LOCK_WAIT, self.ctx.owner)
+def settle_all(stepper: StepOut, nodesets: Iterable[NodeSet], hosts: Hosts, **ways: bool) -> list[Step]:
+    """Settle these node sets (`ways`: step_out, step_in as settle takes them); the steps taken."""
+    return [step for nodeset in nodesets if (step := stepper.settle(nodeset, hosts, **ways)) is not None]
 
 
-class Survey(StepOut):
-    """reconcile's pass: every node set with a shortage or a node of ours out, from its own Slurm read."""
-
-    def __init__(self, ctx: Context, states: Mapping[str, NodeState], **kwargs: object) -> None:
-        super().__init__(ctx, **kwargs)  # type: ignore[arg-type]
-        self.states = states
-
-    def _maybe_out(self, nodeset: NodeSet) -> bool:
-        return any(stepped_out(self.states[n]) for n in nodeset.nodes if n in self.states)
-
-
-def settle_all(stepper: StepOut, nodesets: Iterable[NodeSet], hosts: Hosts) -> list[Step]:
-    """Settle these node sets; the steps taken."""
-    return [step for nodeset in nodesets if (step := stepper.settle(nodeset, hosts)) is not None]
+def surveyed(ctx: Context, states: Mapping[str, NodeState]) -> StepOut:
+    """reconcile's stepper: every node set with a shortage, or a node its Slurm read shows stepped out."""
+    return StepOut(ctx, seen=lambda nodeset: bool(out_nodes(nodeset, states)))
 
 
 def out_now(steps: Sequence[Step], states: Mapping[str, NodeState], nodesets: Iterable[NodeSet]) -> int:
     """How many node sets are out after these steps (the gauge): those a step left out, and those whose
     nodes the Slurm read shows stepped out that no step brought in."""
     stepped = {step.nodeset.nodes_expr: step.out for step in steps}
-    count = 0
-    for nodeset in nodesets:
-        if nodeset.nodes_expr in stepped:
-            count += stepped[nodeset.nodes_expr]
-        elif any(stepped_out(states[n]) for n in nodeset.nodes if n in states):
-            count += 1
-    return count
+    return sum(stepped[ns.nodes_expr] if ns.nodes_expr in stepped else bool(out_nodes(ns, states)) for ns in nodesets)
 
 
-class Recheck(StepOut):
-    """Looks at Slurm whatever the shortage files say: for node sets whose shortage a run has just forgotten."""
-
-    def _maybe_out(self, nodeset: NodeSet) -> bool:
-        return True
-
-
-def after_resume(ctx: Context, short: Iterable[NodeSet], lifted: Iterable[NodeSet], hosts: Hosts,
-                 read: bool) -> list[Step]:
+def after_resume(ctx: Context, short: Iterable[NodeSet], lifted: Iterable[NodeSet], hosts: Hosts) -> list[Step]:
     """At the end of a resume: step out the node sets short in it (their powered-down nodes; SuspendProgram
     drains the nodes it hands back), step back in those whose cooldown it lifted (GPUs back), and, when it
-    read the host pool (`read`), the others whose GPUs that read shows free again."""
-    stepper = StepOut(ctx)
+    read the host pool (`hosts` gives that read, or None: it makes no call), step back in the others whose GPUs
+    that read shows free again (still short, they are left to reconcile and SuspendProgram)."""
     short, lifted = list(short), list(lifted)
-    steps = settle_all(stepper, short, lambda: None)  # just recorded: no count lifts it
-    steps += settle_all(Recheck(ctx), lifted, hosts)
-    if read:
+    steps = settle_all(StepOut(ctx), short, lambda: None)  # just recorded: no count lifts it
+    steps += settle_all(StepOut(ctx, seen=lambda _: True), lifted, hosts)
+    if hosts() is not None:
         others = [ns for ns in ctx.config.nodesets if all(ns is not s for s in short + lifted)]
-        steps += settle_all(stepper, others, hosts)
+        steps += settle_all(StepOut(ctx), others, hosts, step_out=False)
     return steps
 
 
 def after_suspend(ctx: Context, nodes: Sequence[str]) -> list[Step]:
     """At the end of a suspend: drain the nodes of node sets still short (within their cooldown), now powering
-    down (a drain set before the power-down started was cleared by idle_on_node_suspend)."""
-    stepper = StepOut(ctx)
-    now = stepper.clock()
-    cooldown = ctx.config.power.shortage_cooldown
-    steps = []
-    for nodeset in {id(ns): ns for node in nodes if (ns := ctx.config.nodeset_for(node)) is not None}.values():
-        shortage = stepper.shortages.read(nodeset.nodes_expr)
-        if shortage is not None and 0 <= shortage.age(now) < cooldown:
-            step = stepper.settle(nodeset, lambda: None)
-            steps += [step] if step is not None else []
-    return steps
+    down (a drain set before the power-down started was cleared by idle_on_node_suspend). It steps nothing
+    in: without a host pool read, the end of a cooldown is reconcile's to judge."""
+    nodesets = {id(ns): ns for node in nodes if (ns := ctx.config.nodeset_for(node)) is not None}.values()
+    return settle_all(StepOut(ctx), nodesets, lambda: None, step_in=False)
 
 
 def outlook(config: Config, states: Mapping[str, NodeState] | None, now: float) -> list[str]:
@@ -262,7 +224,7 @@ def outlook(config: Config, states: Mapping[str, NodeState] | None, now: float) 
     lines = []
     for nodeset in config.nodesets:
         shortage = shortages.read(nodeset.nodes_expr)
-        out = [n for n in nodeset.nodes if states is not None and n in states and stepped_out(states[n])]
+        out = out_nodes(nodeset, states or {})
         if shortage is not None and shortage.at <= now + FUTURE_SLACK:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(shortage.at))
             until = time.strftime("%H:%M:%S", time.localtime(shortage.at + cooldown))

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_nebula_power.admission import COUNT
 from slurm_nebula_power.cooldown import ShortageLog
-from slurm_nebula_power.files import flocked, make_directory
+from slurm_nebula_power.files import make_directory
 from slurm_nebula_power.locks import NodeLocks
+from slurm_nebula_power.metrics import RunFigures, write_metrics
 from slurm_nebula_power.protectlog import ProtectLog
 
 try:
@@ -90,13 +90,13 @@ def test_a_lock_file_left_open_to_others_is_made_private_on_its_next_use(lock_di
     assert flock_as_nobody(lock) == "PermissionError"
 
 
-def test_the_protected_mode_shortage_and_step_out_locks_are_private_too(lock_dir) -> None:
-    ProtectLog(lock_dir, owner=owner()).failed("gpu[01-02]", 1, "VM failed", 3, 60)
-    ShortageLog(lock_dir, owner=owner()).record("gpu[01-02]", COUNT, 0, "GPU shortage", [], 0)
-    with flocked(lock_dir / "stepout-x.lock", 1.0, owner()):
+def test_the_protected_mode_step_out_and_metrics_locks_are_private_too(lock_dir) -> None:
+    ProtectLog(lock_dir, owner=owner()).failed("gpu[01-02]", 1, "VM failed", 3, 60)  # under its lock
+    with ShortageLog(lock_dir, owner=owner()).locked("gpu[01-02]", 1.0):  # what StepOut.settle holds
         pass
+    assert write_metrics(lock_dir / "nebula-power.prom", RunFigures("reconcile"), owner=owner())
     locks = sorted(lock_dir.glob("*.lock"))
-    assert len(locks) == 2
+    assert [lock.name.split("-")[0] for lock in locks] == ["nebula", "protect", "shortage"], locks
     for lock in locks:
         info = lock.stat()
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (SLURM.pw_uid, 0o600), lock

@@ -24,12 +24,14 @@ from slurm_nebula_power.operation import Context
 from slurm_nebula_power.slurm import NodeState
 from slurm_nebula_power.stepout import (
     StepOut,
-    Survey,
+    after_resume,
     after_suspend,
     judge,
+    out_nodes,
     out_now,
     outlook,
     stepped_out,
+    surveyed,
     takeable,
 )
 
@@ -94,7 +96,7 @@ class FakeSlurm:
         self.drains: list[tuple[list[str], str | None]] = []
         self.unreachable = False
 
-    def node_states(self, nodes):
+    def show_nodes(self, nodes):
         if self.unreachable:
             raise SlurmUnreachable("scontrol show node failed: Unable to contact slurm controller")
         return {n: NodeState(n, *self.states[n]) for n in nodes if n in self.states}
@@ -204,11 +206,11 @@ def test_a_lost_or_planted_shortage_file_keeps_no_node_out(tmp_path, damage: str
     else:
         body = json.loads(path.read_text())
         path.write_text(json.dumps(dict(body, nodes="gpb[1-2]")))
-    survey = Survey(ctx, slurm.node_states(["gpa1", "gpa2", "gpa3"]), shortages=shortages, clock=Clock())
-    step = survey.settle(nodeset, lambda: None)
+    states = slurm.show_nodes(["gpa1", "gpa2", "gpa3"])
+    step = StepOut(ctx, shortages, Clock(), seen=lambda ns: bool(out_nodes(ns, states))).settle(nodeset, lambda: None)
     assert step is not None and not step.out and step.nodes == ("gpa1", "gpa2")
     assert slurm.states["gpa3"] == ADMIN
-    assert out_now([step], slurm.node_states(["gpa1", "gpa2"]), ctx.config.nodesets) == 0
+    assert out_now([step], slurm.show_nodes(["gpa1", "gpa2"]), ctx.config.nodesets) == 0
 
 
 def test_slurmctld_down_while_stepping_out_loses_nothing(tmp_path) -> None:
@@ -241,10 +243,10 @@ def test_the_step_lock_is_not_a_file_others_can_replace(tmp_path) -> None:
     ctx, _ = context(tmp_path, slurm)
     nodeset = ctx.config.nodesets[0]
     ShortageLog.of(ctx.config).record(nodeset.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
-    locks = list(ctx.config.power.lock_dir.glob("stepout-*.lock"))
+    locks = list(ctx.config.power.lock_dir.glob("shortage-*.lock"))
     assert locks == []
     StepOut(ctx).settle(nodeset, lambda: None)
-    (lock,) = ctx.config.power.lock_dir.glob("stepout-*.lock")
+    (lock,) = ctx.config.power.lock_dir.glob("shortage-*.lock")
     lock.unlink()
     os.symlink("/etc/passwd", lock)  # a link planted where the lock goes: refused, nothing stepped, no raise
     assert StepOut(ctx).settle(nodeset, lambda: None) is None
@@ -304,7 +306,7 @@ def test_racing_steps_leave_a_node_set_out_or_in_never_half(tmp_path) -> None:
 
         def reconcile_sees_gpus_back(barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
-            Survey(ctx, slurm.node_states(list(nodes))).settle(nodeset, lambda: [host(4)])
+            surveyed(ctx, slurm.show_nodes(list(nodes))).settle(nodeset, lambda: [host(4)])
 
         threads = [threading.Thread(target=f) for f in (resume_steps_out, resume_steps_out, reconcile_sees_gpus_back)]
         for thread in threads:
@@ -315,7 +317,7 @@ def test_racing_steps_leave_a_node_set_out_or_in_never_half(tmp_path) -> None:
         assert drained in (set(), set(nodes)), drained
         on_record = shortages.read(nodeset.nodes_expr) is not None
         assert on_record == bool(drained), "the shortage file and Slurm agree"
-        Survey(ctx, slurm.node_states(list(nodes))).settle(nodeset, lambda: [host(4)])  # back in for the next
+        surveyed(ctx, slurm.show_nodes(list(nodes))).settle(nodeset, lambda: [host(4)])  # back in for the next
         assert not any("DRAIN" in state for state, _ in slurm.states.values())
 
 
@@ -325,7 +327,7 @@ def test_status_says_which_node_sets_are_out_since_when_why_and_until_when(tmp_p
     ctx, _ = context(tmp_path, slurm)
     ShortageLog.of(ctx.config, clock=lambda: NOW).record(
         "gpa[1-4]", COUNT, 0, "GPU shortage (job 7: needs 2 GPUs 10de:2330, 0 free)", [GPU], 2)
-    lines = outlook(ctx.config, slurm.node_states(["gpa1", "gpa2", "gpb1"]), NOW + 10)
+    lines = outlook(ctx.config, slurm.show_nodes(["gpa1", "gpa2", "gpb1"]), NOW + 10)
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(NOW))
     until = time.strftime("%H:%M:%S", time.localtime(NOW + COOLDOWN))
     assert lines == [
@@ -353,3 +355,35 @@ def test_two_configurations_sharing_a_lock_dir_keep_their_node_sets_state_apart(
     ours = ShortageLog.of(ctx.config).path("gpa[1-4]")
     ShortageLog(lock_dir, cluster="test").path("gpa[1-4]").write_bytes(ours.read_bytes())
     assert ShortageLog(lock_dir, cluster="test").read("gpa[1-4]") is None
+
+
+class CountingSlurm(FakeSlurm):
+    def __init__(self, states) -> None:
+        super().__init__(states)
+        self.reads = 0
+
+    def show_nodes(self, nodes):
+        self.reads += 1
+        return super().show_nodes(nodes)
+
+
+def test_a_resume_steps_other_node_sets_only_back_in_and_asks_slurm_only_then(tmp_path) -> None:
+    out = ("IDLE+CLOUD+DRAIN+POWERED_DOWN", "nebula: out of service since 10:00:00, back when GPUs return")
+    slurm = CountingSlurm({"gpa1": out, "gpb1": ("IDLE+CLOUD+POWERED_DOWN", "")})
+    ctx, _ = context(tmp_path, slurm)
+    gpa = ctx.config.nodesets[0]
+    ShortageLog.of(ctx.config).record(gpa.nodes_expr, COUNT, 0, "GPU shortage", [GPU], 2)
+    assert after_resume(ctx, [], [], lambda: [host(0)]) == []  # still short: left to reconcile and suspend
+    assert slurm.reads == 0, "no scontrol show node for a node set whose verdict is no step"
+    [step] = after_resume(ctx, [], [], lambda: [host(2)])
+    assert (step.nodeset, step.out, step.nodes) == (gpa, False, ("gpa1",))
+    assert slurm.reads == 1
+    assert after_resume(ctx, [], [], lambda: None) == [], "no host pool read: nothing to judge the others by"
+
+
+def test_a_suspend_steps_nothing_back_in_after_the_cooldown(tmp_path) -> None:
+    slurm = FakeSlurm({"gpa1": ("IDLE+CLOUD+POWERING_DOWN", "")})
+    ctx, _ = context(tmp_path, slurm)
+    ShortageLog.of(ctx.config, clock=lambda: NOW - COOLDOWN - 1).record("gpa[1-4]", COUNT, 0, "short", [GPU], 2)
+    assert after_suspend(ctx, ["gpa1"]) == [] and slurm.drains == []
+    assert ShortageLog.of(ctx.config).read("gpa[1-4]") is not None, "the end of a cooldown is reconcile's to judge"

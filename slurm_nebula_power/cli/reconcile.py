@@ -17,8 +17,7 @@ from ..metrics import RunFigures
 from ..operation import Context
 from ..records import reason_category
 from ..slurm import OFF, STARTING, STOPPING, UP, NodeState, scontrol_for
-from ..stepout import Step, out_now, settle_all
-from ..stepout import Survey as StepSurvey
+from ..stepout import Step, out_now, settle_all, surveyed
 from .common import (
     build_context,
     cloud_error_line,
@@ -96,7 +95,7 @@ def step_node_sets(ctx: Context, seen: Survey, nodes: Sequence[str] | None) -> l
     when a node set has a shortage or a node of ours out); a line each."""
     wanted = ctx.config.nodesets if nodes is None else [
         ns for ns in ctx.config.nodesets if any(n in nodes for n in ns.nodes)]
-    steps = settle_all(StepSurvey(ctx, seen.states()), wanted, functools.cache(lambda: read_hosts(ctx.cloud)))
+    steps = settle_all(surveyed(ctx, seen.states()), wanted, functools.cache(lambda: read_hosts(ctx.cloud)))
     for step in steps:
         print(step.describe())
     return steps
