@@ -34,6 +34,11 @@ def _parsed(method: str, parse: Callable[[str], T], text: object) -> T:
         raise UnreadableAnswer(f"[one.{method}] unreadable document: {str(exc)[:120]}") from None
 
 
+def retryable(exc: BaseException) -> bool:
+    """A failure worth another try: transient, and not an answer that came whole but cannot be parsed."""
+    return isinstance(exc, TransientCloudError) and not isinstance(exc, UnreadableAnswer)
+
+
 @dataclass
 class CallStats:
     """Counts kept for the run summary."""
@@ -97,15 +102,16 @@ class OneCloud:
         try:
             return self._attempt(fn)
         except TransientCloudError as exc:
-            if not isinstance(exc, UnreadableAnswer) and self.failing_since is None:
+            if not retryable(exc):
+                raise
+            if self.failing_since is None:
                 self.failing_since = started
-            if not retry or isinstance(exc, UnreadableAnswer):
+            if not retry:
                 raise
             self._give_up_when_unanswered(exc)
             failed = [exc]
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(
-                lambda exc: isinstance(exc, TransientCloudError) and not isinstance(exc, UnreadableAnswer)),
+            retry=tenacity.retry_if_exception(retryable),
             stop=tenacity.stop_after_delay(max(0.0, budget - (time.monotonic() - started))),
             # retry_backoff, doubling up to 5 s, plus up to 2.5 x retry_backoff of jitter (spreads
             # the retries of many parallel calls that failed together)
@@ -129,8 +135,7 @@ class OneCloud:
     def _give_up_when_unanswered(self, exc: TransientCloudError) -> None:
         """Unanswered once nothing has answered for the run's whole retry window."""
         since = self.failing_since
-        if since is not None and not isinstance(exc, UnreadableAnswer) and \
-                time.monotonic() >= since + self.retry_seconds:
+        if since is not None and retryable(exc) and time.monotonic() >= since + self.retry_seconds:
             raise Unanswered(f"{exc} (no answer for {self.retry_seconds:g}s)") from None
 
     def _attempt(self, fn: Callable[[OneRpc], T]) -> T:

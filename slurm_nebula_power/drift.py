@@ -35,9 +35,10 @@ from .errors import CloudError, SlurmError
 from .hosts import Host
 from .locks import NodeLocks
 from .model import ACTIVE, DONE, PENDING, POWEROFF, UNKNOWN_LCM, Vm, cell
+from .nodestate import OFF, STARTING, UP, NodeState
 from .operation import Cloud, Context, Outcome
 from .plan import SATISFIED, counting_vm
-from .slurm import OFF, REASON_PREFIX, STARTING, UP, NodeState
+from .slurm import REASON_PREFIX
 from .suspend import power_down
 
 log = logging.getLogger(__name__)

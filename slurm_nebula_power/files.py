@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import os
 import pwd
 import stat
@@ -53,6 +54,14 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """A gid as a name where the system knows it."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def check_open(fd: int, path: Path | str, owner: Owner | None, any_owner: bool = False,

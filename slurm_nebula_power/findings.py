@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .config import Config
-from .files import user_name
+from .files import group_name, user_name
 from .model import cell
 from .slurmconf import SlurmConf
 
@@ -261,15 +261,8 @@ def who_can_change(path: Path) -> str | None:
         if node.st_mode & stat.S_IWOTH:
             return "other users" + through
         if node.st_mode & stat.S_IWGRP and node.st_gid != 0:
-            return f"the group {_group(node.st_gid)}" + through
+            return f"the group {group_name(node.st_gid)}" + through
     return None
-
-
-def _group(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 def check_ownership(report: Report, config: Config, slurm_user: pwd.struct_passwd | None = None) -> None:

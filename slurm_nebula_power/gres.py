@@ -19,7 +19,7 @@ from .errors import ConfigError
 from .findings import Report
 from .hostlists import fold, size
 from .shapes import Shape
-from .slurmconf import GresConf, GresLine, SlurmConf, gres_gpu_types, read_gres_conf
+from .slurmconf import GresConf, GresLine, SlurmConf, gres_gpu_types, read_gres_conf, release_name
 
 NVIDIA = "10de"
 DEVICE = "/dev/nvidia"  # the NVIDIA driver's device files, one a GPU (vGPUs included), numbered from 0
@@ -128,7 +128,7 @@ def _autodetect(value: str, version: tuple[int, int] | None) -> tuple[str, str, 
     if value in ("", "off"):
         return None
     fix = f"add AutoDetect=off to their line ({HOW})"
-    release = "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"
+    release = release_name(version)
     if version is None or version < AUTODETECT_STARTS:
         if value in AUTODETECT_22:
             return ("problem", f"AutoDetect={value} applies to them: {release} refuses AutoDetect on cloud nodes, "

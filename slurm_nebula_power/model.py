@@ -135,6 +135,11 @@ GPU_VENDORS = ("10de", "1002")  # NVIDIA, AMD: a PCI device of theirs without CL
 _DECLARATION = re.compile(r"<!(?:DOCTYPE|ENTITY)", re.IGNORECASE)
 
 
+def no_declaration(*_: object) -> None:
+    """An expat handler for DOCTYPE and ENTITY declarations: ValueError, before any entity is defined."""
+    raise ValueError("a DOCTYPE, which oned never sends")
+
+
 def refuse_doctype(text: str) -> None:
     """ValueError when a document declares a DOCTYPE: oned's never do, and its entities would expand far past
     the answer's size bound (a 457 KB answer took a resume to 1.6 GB). The words inside a CDATA value a guest
@@ -142,13 +147,9 @@ def refuse_doctype(text: str) -> None:
     first declaration, before any entity is defined."""
     if not _DECLARATION.search(text):
         return
-
-    def refuse(*_: object) -> None:
-        raise ValueError("a DOCTYPE, which oned never sends")
-
     parser = expat.ParserCreate()
-    parser.StartDoctypeDeclHandler = refuse
-    parser.EntityDeclHandler = refuse
+    parser.StartDoctypeDeclHandler = no_declaration
+    parser.EntityDeclHandler = no_declaration
     try:
         parser.Parse(text, True)
     except expat.ExpatError:

@@ -40,7 +40,7 @@ from .errors import (
     UnreadableAnswer,
     VmNotFound,
 )
-from .model import refuse_doctype
+from .model import no_declaration, refuse_doctype
 
 # oned's error codes (include/Request.h)
 AUTHENTICATION, AUTHORIZATION, NO_EXISTS, ACTION = 0x100, 0x200, 0x400, 0x800
@@ -59,10 +59,6 @@ class NoConnection(Exception):
 
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect: on a reachable front end a connect takes milliseconds
-
-
-def _no_doctype(*_: object) -> None:
-    raise ValueError("a DOCTYPE, which oned never sends")
 
 
 class Transport(xmlrpc.client.Transport):
@@ -151,8 +147,8 @@ class Transport(xmlrpc.client.Transport):
         body = b"".join(pieces)
         unmarshaller = xmlrpc.client.Unmarshaller()
         parser = expat.ParserCreate(None, None)
-        parser.StartDoctypeDeclHandler = _no_doctype  # nor entities: expanded, they would pass max_answer_mb
-        parser.EntityDeclHandler = _no_doctype
+        parser.StartDoctypeDeclHandler = no_declaration  # nor entities: expanded, they would pass max_answer_mb
+        parser.EntityDeclHandler = no_declaration
         parser.StartElementHandler = unmarshaller.start
         parser.EndElementHandler = unmarshaller.end
         parser.CharacterDataHandler = unmarshaller.data

@@ -36,8 +36,9 @@ from .errors import (
     SlurmError,
 )
 from .hostlists import expand_trusted, fold
+from .nodestate import UP_STATES, NodeState
 from .shapes import RESUME_MARGIN
-from .slurm import UP_STATES, NodeState, Scontrol
+from .slurm import Scontrol
 from .slurmconf import read_slurm_conf
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from .errors import CloudError, CredentialsRefused, TransientCloudError, first_l
 from .hostlists import fold
 from .model import Pci, printable
 from .operation import Cloud
-from .template import DEFAULT_GPU_VENDOR, gpus_of
+from .template import DEFAULT_GPU_VENDOR, HEX4, gpus_of
 
 PROGRAMS = {"ResumeProgram": "slurm-nebula-resume", "SuspendProgram": "slurm-nebula-suspend",
             "ResumeFailProgram": "slurm-nebula-resume-fail"}
@@ -82,7 +82,6 @@ def model_feature(vendor: str, device: str, profile: str) -> str:
     return f"gpu_{token}"[:64] if token else ""
 
 
-PCI_ID = re.compile(r"[0-9A-Fa-f]{4}")  # a PCI VENDOR or DEVICE id
 PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.:()/+-]{0,63}")  # nvidia-558, NVIDIA L40S-1B, GRID T4-2Q
 
 
@@ -91,8 +90,8 @@ def _checked(gpus: list[Pci], tid: int) -> list[Pci]:
     checked: ValueError naming the template and the key otherwise (a PROFILE with a newline once wrote a
     whole gres.conf line of OpenNebula's choosing)."""
     for gpu in gpus:
-        for key, value, rule, what in (("VENDOR", gpu.vendor, PCI_ID, "4 hex digits"),
-                                       ("DEVICE", gpu.device, PCI_ID, "4 hex digits"),
+        for key, value, rule, what in (("VENDOR", gpu.vendor, HEX4, "4 hex digits"),
+                                       ("DEVICE", gpu.device, HEX4, "4 hex digits"),
                                        ("PROFILE", gpu.profile, PROFILE, "a profile name")):
             if value and not rule.fullmatch(value):
                 raise ValueError(f"template {tid}: PCI {key} {printable(value[:40])!r} is not {what}: fix the "
@@ -184,12 +183,12 @@ def real_memory(memory_mb: int) -> int:
     return max(1, math.floor(memory_mb * MEMORY_RATIO))
 
 
-def features(nodeset: NodeSet, shape: Shape | None = None) -> str:
+def features(nodeset: NodeSet, shape: Shape) -> str:
     """Feature= of a node set: its features option, else cloud plus the GPU type (gpu_type, else the model the
     template names: Shape.gpu_model)."""
     if nodeset.options.get("features"):
         return str(nodeset.options["features"])
-    kind = nodeset.options.get("gpu_type") or (shape.gpu_model if shape is not None and shape.gpus else "")
+    kind = nodeset.options.get("gpu_type") or (shape.gpu_model if shape.gpus else "")
     return ",".join(["cloud"] + ([str(kind)] if kind else []))
 
 
@@ -207,26 +206,32 @@ def node_line(nodeset: NodeSet, shape: Shape, weight: int | None = None) -> str:
 WEIGHT_STEP = 10  # Weight=10, 20, 30...: a site's static nodes (Weight 1 by default) go first, and room between
 
 
-def weights(shapes: Sequence[tuple[NodeSet, Shape]]) -> dict[str, int]:
+Partitions = dict[str, list[tuple[NodeSet, Shape]]]
+
+
+def by_partition(shapes: Sequence[tuple[NodeSet, Shape]]) -> Partitions:
+    """The node sets of each partition, in the configuration's order."""
+    partitions: Partitions = {}
+    for nodeset, shape in shapes:
+        partitions.setdefault(partition_of(nodeset, shape), []).append((nodeset, shape))
+    return partitions
+
+
+def weights(partitions: Partitions) -> dict[str, int]:
     """Per node set (its nodes expression) sharing its partition with others: its Weight, in the order the
     configuration lists them (the first is preferred: the lowest Weight). A node set alone in its partition
     gets none (Slurm's default, 1)."""
-    partitions: dict[str, list[NodeSet]] = {}
-    for nodeset, shape in shapes:
-        partitions.setdefault(partition_of(nodeset, shape), []).append(nodeset)
     return {ns.nodes_expr: WEIGHT_STEP * (rank + 1) for sets in partitions.values() if len(sets) > 1
-            for rank, ns in enumerate(sets)}
+            for rank, (ns, _) in enumerate(sets)}
 
 
-def fallback_notes(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], weight: Mapping[str, int]) -> list[str]:
+def fallback_notes(config: Config, partitions: Partitions, weight: Mapping[str, int]) -> list[str]:
     """The comment lines above the NodeName lines of partitions holding several node sets: the order, the
     fallback and how a job pins a model."""
-    partitions: dict[str, list[tuple[NodeSet, Shape]]] = {}
-    for nodeset, shape in shapes:
-        if nodeset.nodes_expr in weight:
-            partitions.setdefault(partition_of(nodeset, shape), []).append((nodeset, shape))
     lines = []
     for name, sets in partitions.items():
+        if len(sets) < 2:
+            continue
         order = ", ".join(f"{ns.nodes_expr} Weight={weight[ns.nodes_expr]} ({features(ns, shape)})"
                           for ns, shape in sets)
         lines.append(f"# partition {name}: {order}, in their order in {config.path}: jobs go to the lowest Weight "
@@ -282,16 +287,16 @@ def generate(config: Config, shapes: Sequence[tuple[NodeSet, Shape]], version: t
     if any(shape.gpus for _, shape in shapes):
         lines += ["# the GPUs' devices go in gres.conf beside slurm.conf: slurm-nebula-power slurm-conf --gres-conf",
                   "GresTypes=gpu"]
-    partitions: dict[str, list[str]] = {}
-    weight = weights(shapes)
-    lines += fallback_notes(config, shapes, weight)
+    partitions = by_partition(shapes)
+    weight = weights(partitions)
+    lines += fallback_notes(config, partitions, weight)
     for nodeset, shape in shapes:
         lines += [f"# {nodeset.nodes_expr}: {shape.source} ({nodeset.template!r}): {shape.vcpus} vCPU, "
                   f"{shape.memory_mb} MiB (RealMemory {MEMORY_RATIO:.0%}), {shape.gpus} GPU",
                   node_line(nodeset, shape, weight.get(nodeset.nodes_expr))]
-        partitions.setdefault(partition_of(nodeset, shape), []).extend(nodeset.nodes)
-    for name, nodes in partitions.items():
-        lines.append(f"PartitionName={name} Nodes={fold(nodes)} MaxTime=INFINITE State=UP")
+    for name, sets in partitions.items():
+        lines.append(f"PartitionName={name} Nodes={fold([n for ns, _ in sets for n in ns.nodes])} "
+                     "MaxTime=INFINITE State=UP")
     domains = config_topology(config, version)
     if domains is not None:
         where = config.slurm.slurm_conf.parent / "topology.conf" if config.slurm.slurm_conf else "topology.conf"

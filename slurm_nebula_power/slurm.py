@@ -17,10 +17,9 @@ from .config import Config
 from .errors import PowerError, SlurmError, SlurmUnreachable
 from .hostlists import expand, fold
 from .model import printable
-from .nodestate import OFF, OTHER, STARTING, STOPPING, UP, UP_STATES, NodeState
+from .nodestate import STARTING, UP, NodeState
 
 log = logging.getLogger(__name__)
-__all__ = ["OFF", "OTHER", "STARTING", "STOPPING", "UP", "UP_STATES", "NodeState"]  # nodestate.py's, for callers
 
 BATCH = 256  # nodes per scontrol update: keeps argv well under ARG_MAX for any node-name length
 SEARCH_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"))

@@ -15,7 +15,7 @@ from .findings import Report, X
 from .hostlists import expand, fold, split_top_level
 from .prolog import MARGIN
 from .shapes import PROGRAMS, PROLOG, SUSPEND_MARGIN, outage_bound, program_path, resume_timeout_for
-from .slurmconf import SlurmConf
+from .slurmconf import SlurmConf, release_name
 
 # ---- slurm.conf ---------------------------------------------------------------------------------------
 
@@ -173,9 +173,20 @@ def _action_program(report: Report, key: str, action: str, keys: Mapping[str, st
     return argv[0]
 
 
+def _option_values(conf: SlurmConf, key: str) -> dict[str, str]:
+    """The comma-separated options of a slurm.conf parameter: lower-case name -> its value ("" without one),
+    the first of a name repeated (what slurmctld's search for it finds)."""
+    values: dict[str, str] = {}
+    for option in conf.get(key).split(","):
+        name, _, value = option.strip().partition("=")
+        if name:
+            values.setdefault(name.lower(), value)
+    return values
+
+
 def _options(conf: SlurmConf, key: str) -> list[str]:
     """The comma-separated options of a slurm.conf parameter, lower case, without their values."""
-    return [o.strip().lower().partition("=")[0] for o in conf.get(key).split(",") if o.strip()]
+    return list(_option_values(conf, key))
 
 
 def check_configless(report: Report, config: Config, conf: SlurmConf) -> None:
@@ -206,7 +217,7 @@ def check_cluster_name(report: Report, config: Config, conf: SlurmConf) -> None:
 
 def check_release_settings(report: Report, conf: SlurmConf, version: tuple[int, int] | None) -> None:
     """Power-saving settings whose meaning depends on the Slurm release (docs/SLURM-FINDINGS.md)."""
-    release = "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"
+    release = release_name(version)
     if "cloud_reg_addrs" in _options(conf, "SlurmctldParameters"):
         if version is not None and version >= (23, 11):
             report.problem("slurm.conf SlurmctldParameters", f"cloud_reg_addrs is defunct in {release} (it is "
@@ -264,7 +275,7 @@ def check_suspend_exc_states(report: Report, conf: SlurmConf, version: tuple[int
 
 def check_power_limits(report: Report, config: Config, conf: SlurmConf, version: tuple[int, int] | None) -> None:
     """What caps or stops powering cloud nodes up and down: max_powered_nodes, a NodeName line's SuspendTime."""
-    release = "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"
+    release = release_name(version)
     check_max_powered_nodes(report, config, conf, version, release)
     check_node_suspend_time(report, config, conf, version, release)
 
@@ -272,13 +283,12 @@ def check_power_limits(report: Report, config: Config, conf: SlurmConf, version:
 def _max_powered_nodes(conf: SlurmConf) -> int | None:
     """SlurmctldParameters' max_powered_nodes as slurmctld reads it (strtol of what follows the =: leading
     digits, else 0), or None when unset or negative (no limit then)."""
-    for option in conf.get("SlurmctldParameters").split(","):
-        name, _, value = option.strip().partition("=")
-        if name.lower() == "max_powered_nodes":
-            number = re.match(r"\s*[+-]?\d{1,12}", value)
-            limit = int(number.group()) if number else 0
-            return limit if limit >= 0 else None
-    return None
+    value = _option_values(conf, "SlurmctldParameters").get("max_powered_nodes")
+    if value is None:
+        return None
+    number = re.match(r"\s*[+-]?\d{1,12}", value)
+    limit = int(number.group()) if number else 0
+    return limit if limit >= 0 else None
 
 
 def check_max_powered_nodes(report: Report, config: Config, conf: SlurmConf, version: tuple[int, int] | None,

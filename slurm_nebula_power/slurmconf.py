@@ -24,6 +24,11 @@ LINE_KINDS = ("nodename", "poweraction", "partitionname", "nodeset", "switchname
 UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}  # Gres count suffixes
 
 
+def release_name(version: tuple[int, int] | None) -> str:
+    """How check names a Slurm release in its findings: "Slurm 24.11", or "this Slurm" when unknown."""
+    return "this Slurm" if version is None else f"Slurm {version[0]}.{version[1]:02d}"
+
+
 # ---- reading slurm.conf -----------------------------------------------------------------------------
 
 

@@ -12,10 +12,10 @@ from .config import Config
 from .drift import Diagnosis, NodeView, diagnose, survey
 from .errors import CloudError, first_line
 from .model import ACTIVE, STATE_NAMES, cell, lcm_name, printable
+from .nodestate import NodeState
 from .operation import Cloud
 from .protectlog import ProtectLog
 from .shapes import PROLOG
-from .slurm import NodeState
 from .slurmconf import read_if_any
 
 

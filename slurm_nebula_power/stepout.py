@@ -33,8 +33,9 @@ from .cooldown import ShortageLog
 from .errors import SlurmError
 from .gate import shortage_free
 from .hosts import Host
+from .nodestate import OFF, NodeState
 from .operation import Context
-from .slurm import OFF, REASON_PREFIX, NodeState
+from .slurm import REASON_PREFIX
 
 log = logging.getLogger(__name__)
 OUT_FOR = "out of service"  # our step-out Reason begins REASON_PREFIX + OUT_FOR

@@ -30,7 +30,7 @@ REPORT_READY = "NO"
 DEFAULT_GPU_VENDOR = "10de"  # NVIDIA
 DEFAULT_GPU_CLASS = "0302"  # 3D controller: datacenter GPUs (A100, H100, L40S, ...)
 MIN_MUNGE_KEY = 32  # bytes: munged refuses shorter keys
-_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
+HEX4 = re.compile(r"[0-9a-fA-F]{4}")  # a PCI VENDOR or DEVICE id
 
 
 def worker_script() -> bytes:
@@ -84,7 +84,7 @@ class _Options:
 
     def hex4(self, key: str, default: str | None = None) -> str | None:
         value = self.text(key, default)
-        if value is not None and not _HEX4.fullmatch(value):
+        if value is not None and not HEX4.fullmatch(value):
             raise self.fail(key, f"{value!r} is not a PCI id: four hex digits such as \"10de\"")
         return value.lower() if value else None
 

@@ -193,7 +193,7 @@ def test_bounds_come_from_slurm_conf(site) -> None:
 
 
 def test_classify_states() -> None:
-    from slurm_nebula_power.slurm import NodeState
+    from slurm_nebula_power.nodestate import NodeState
 
     def kind(state: str, reason: str = "") -> str:
         return prolog.classify(NodeState("n", state, reason))[0]

@@ -152,7 +152,8 @@ def _slow_host_pool(seconds: float):
 
 
 @pytest.mark.parametrize("damage", ["vmid-not-a-number", "truncated", "slow"])
-def test_a_host_pool_that_outlasts_boot_timeout_still_ends_the_resume(tmp_path, sim, damage: str) -> None:
+def test_a_host_pool_unparsable_or_slower_than_boot_timeout_is_not_retried_and_the_resume_ends(tmp_path, sim,
+                                                                                               damage: str) -> None:
     # issue 34, item 12: behind an endpoint that made the host pool unparsable, resume retried it for
     # retry_seconds (past boot_timeout) as if it were transient, then never sent a VM and never ended,
     # its node locks held: the nodes its first wave could no longer send were dropped, never given up

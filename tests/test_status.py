@@ -13,7 +13,7 @@ from slurm_nebula_power import drift, statustable
 from slurm_nebula_power.cli import status
 from slurm_nebula_power.errors import EXIT_NODES_FAILED, EXIT_OK, EXIT_USAGE
 from slurm_nebula_power.model import ACTIVE, RUNNING_LCM, Vm
-from slurm_nebula_power.slurm import NodeState
+from slurm_nebula_power.nodestate import NodeState
 
 ORPHAN = "VM ACTIVE/RUNNING but node powered down (within reconcile_grace 300s)"
 

@@ -20,8 +20,8 @@ from slurm_nebula_power.drift import NodeView, diagnose, returnable
 from slurm_nebula_power.errors import SlurmUnreachable
 from slurm_nebula_power.hosts import Host, PciDevice
 from slurm_nebula_power.model import ACTIVE, RUNNING_LCM, Vm
+from slurm_nebula_power.nodestate import NodeState
 from slurm_nebula_power.operation import Context
-from slurm_nebula_power.slurm import NodeState
 from slurm_nebula_power.stepout import (
     StepOut,
     after_resume,

@@ -14,9 +14,10 @@ from ..drift import Diagnosis, NodeView, read_hosts, reconcile
 from ..errors import EXIT_NODES_FAILED, EXIT_OK, CloudError, PowerError
 from ..hostlists import expand, fold
 from ..metrics import RunFigures
+from ..nodestate import OFF, STARTING, STOPPING, UP, NodeState
 from ..operation import Context
 from ..records import reason_category
-from ..slurm import OFF, STARTING, STOPPING, UP, NodeState, scontrol_for
+from ..slurm import scontrol_for
 from ..stepout import Step, out_now, settle_all, surveyed
 from .common import (
     build_context,
